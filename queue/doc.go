@@ -1,0 +1,2 @@
+// Package queue provides a bounded, lock-free, generic ring queue for many producers and consumers.
+package queue
