@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/fakevllm"
+	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
 )
@@ -17,7 +18,9 @@ import (
 type DemoSpec struct {
 	Config   Config // bands, saturation settings; the policy is set per phase
 	Backends int
-	Load     LoadSpec
+	// Replica is the fake backends' model; zero: vllm.DefaultConfig().
+	Replica vllm.Config
+	Load    LoadSpec
 	// Out receives the progress line and the table; nil discards them.
 	Out io.Writer
 }
@@ -27,8 +30,9 @@ type PhaseResult struct {
 	Policy string
 	Load   *LoadResult
 	Stats  flowcontrol.Stats
-	// Answers is the proxy's own count of finished requests (all bands).
-	Answers int
+	// Answers is the proxy's own count of finished gated requests, by
+	// "band code reason".
+	Answers map[string]int
 }
 
 // listen starts an HTTP server for h on a loopback port.
@@ -62,7 +66,7 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy PolicyRef) (res *PhaseR
 	}()
 	var urls []string
 	for range spec.Backends {
-		f, err := fakevllm.New(fakevllm.Config{SpeedUp: spec.Load.SpeedUp})
+		f, err := fakevllm.New(fakevllm.Config{SpeedUp: spec.Load.SpeedUp, Replica: spec.Replica})
 		if err != nil {
 			return nil, err
 		}
@@ -74,7 +78,7 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy PolicyRef) (res *PhaseR
 		servers = append(servers, srv)
 		urls = append(urls, url)
 	}
-	cfg := spec.Config
+	cfg := scaleConfig(spec.Config, spec.Load.SpeedUp)
 	cfg.Policy = policy
 	p, err := NewProxy(Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}})
 	if err != nil {
@@ -112,7 +116,26 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy PolicyRef) (res *PhaseR
 	if err != nil {
 		return nil, err
 	}
-	return &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats()}, nil
+	return &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers()}, nil
+}
+
+// scaleConfig divides the proxy's time settings by the speed-up: the fake
+// backends run the model SpeedUp× faster than the hardware it models, so a
+// 50 ms scrape interval would be SpeedUp× staler, in model time, than a real
+// gateway's. Scaled, the gateway sees the backends as a real one would see
+// real servers. The bands are copied (the caller's Config is not modified).
+func scaleConfig(cfg Config, speedUp float64) Config {
+	if speedUp <= 1 {
+		return cfg
+	}
+	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speedUp) }
+	cfg.Bands = append([]Band(nil), cfg.Bands...)
+	for i := range cfg.Bands {
+		cfg.Bands[i].MaxWait = scale(cfg.Bands[i].MaxWait)
+	}
+	cfg.Saturation.ScrapeInterval = max(scale(cfg.Saturation.ScrapeInterval), time.Millisecond)
+	cfg.Saturation.MetricsStalenessThreshold = max(scale(cfg.Saturation.MetricsStalenessThreshold), 4*cfg.Saturation.ScrapeInterval)
+	return cfg
 }
 
 // RunDemo runs the static baseline, then soft-reflective, and prints the

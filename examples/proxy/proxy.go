@@ -54,6 +54,7 @@ const (
 	reasonNoBackend    = "no-backend"
 	reasonBackendError = "backend-error"
 	reasonCancelled    = "cancelled" // metrics only: never sent
+	reasonForwarded    = "forwarded" // metrics only: the backend answered
 )
 
 // Options configures NewProxy.
@@ -68,6 +69,10 @@ type Options struct {
 	InFlightPerBackend int
 	// Logf logs; default log.Printf. Use a no-op in tests.
 	Logf func(format string, args ...any)
+	// OnFinish, if set, is called when a gated request is finished: its
+	// band, the status sent (0: none, the client left) and the reason
+	// ("forwarded" when the backend answered). Tests wait on it.
+	OnFinish func(band, code int, reason string)
 }
 
 type backend struct {
@@ -93,6 +98,7 @@ type Proxy struct {
 	reg      *prometheus.Registry
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
 	rr       atomic.Uint64          // tie-breaker for backend choice
+	onFinish func(band, code int, reason string)
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -110,6 +116,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 	p := &Proxy{
 		cfg:      cfg,
 		logf:     opts.Logf,
+		onFinish: opts.OnFinish,
 		maxBody:  opts.MaxBodyBytes,
 		byMetric: map[string]*backend{},
 		capacity: make([]int64, len(cfg.Bands)),
@@ -264,6 +271,29 @@ func (p *Proxy) Controller() *flowcontrol.Controller { return p.ctrl }
 // Registry returns the Prometheus registry /metrics serves.
 func (p *Proxy) Registry() *prometheus.Registry { return p.reg }
 
+// Answers returns the proxy's count of finished gated requests, keyed
+// "band code reason" (code 0: the client left before an answer).
+func (p *Proxy) Answers() map[string]int {
+	out := map[string]int{}
+	fams, err := p.reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, f := range fams {
+		if f.GetName() != "flowgate_proxy_responses_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			out[l["band"]+" "+l["code"]+" "+l["reason"]] += int(m.GetCounter().GetValue())
+		}
+	}
+	return out
+}
+
 // InFlight returns the requests forwarded to each backend and not finished.
 func (p *Proxy) InFlight() []int64 {
 	out := make([]int64, len(p.backends))
@@ -284,7 +314,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		b := p.pick()
 		if b == nil {
-			p.refuse(w, "", http.StatusServiceUnavailable, reasonNoBackend)
+			p.refuse(w, http.StatusServiceUnavailable, reasonNoBackend)
 			return
 		}
 		b.rp.ServeHTTP(w, r)
@@ -293,7 +323,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // refuse answers on the proxy's own behalf with a reason header and a JSON
 // error body in the OpenAI shape.
-func (p *Proxy) refuse(w http.ResponseWriter, band string, code int, reason string) {
+func (p *Proxy) refuse(w http.ResponseWriter, code int, reason string) {
 	h := w.Header()
 	h.Set(ReasonHeader, reason)
 	h.Set("Content-Type", "application/json")
@@ -302,9 +332,6 @@ func (p *Proxy) refuse(w http.ResponseWriter, band string, code int, reason stri
 	}
 	w.WriteHeader(code)
 	fmt.Fprintf(w, `{"object":"error","message":"flowgate: %s","type":%q,"code":%d}`+"\n", reason, http.StatusText(code), code)
-	if band != "" {
-		p.answers.WithLabelValues(band, strconv.Itoa(code), reason).Inc()
-	}
 }
 
 func (p *Proxy) serveGated(w http.ResponseWriter, r *http.Request) {
@@ -312,68 +339,96 @@ func (p *Proxy) serveGated(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			p.refuse(w, "", http.StatusRequestEntityTooLarge, reasonTooLarge)
+			p.refuse(w, http.StatusRequestEntityTooLarge, reasonTooLarge)
 		} else {
-			p.refuse(w, "", http.StatusBadRequest, reasonBadBody)
+			p.refuse(w, http.StatusBadRequest, reasonBadBody)
 		}
 		return
 	}
 	band, _ := bandFor(&p.cfg, r.Header, body)
-	name := p.cfg.Bands[band].Name
-	w.Header().Set(BandHeader, name)
+	w.Header().Set(BandHeader, p.cfg.Bands[band].Name)
+	rec := &statusRecorder{ResponseWriter: w}
+	finish := func(code int, reason string) {
+		p.answers.WithLabelValues(p.cfg.Bands[band].Name, strconv.Itoa(code), reason).Inc()
+		if p.onFinish != nil {
+			p.onFinish(band, code, reason)
+		}
+	}
+	defer func() {
+		// The reverse proxy aborts the handler (panic ErrAbortHandler)
+		// when copying a streamed body fails: the client left, or the
+		// backend died mid-stream. Count it, then let net/http abort the
+		// connection so that a client still there sees the cut.
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				reason := reasonBackendError
+				if r.Context().Err() != nil {
+					reason = reasonCancelled
+				}
+				finish(rec.code, reason)
+			}
+			panic(v)
+		}
+	}()
+	code, reason := p.gateAndForward(rec, r, band, body)
+	finish(code, reason)
+}
 
+// gateAndForward waits for the band's turn and forwards the request; it
+// returns the status sent (0 if none) and the reason.
+func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, body []byte) (int, string) {
+	refuse := func(code int, reason string) (int, string) {
+		p.refuse(rec, code, reason)
+		return code, reason
+	}
 	// A band's own capacity, when smaller than the controller's (which
 	// holds the largest band's), is enforced here.
 	if p.waiting[band].Add(1) > p.capacity[band] {
 		p.waiting[band].Add(-1)
 		p.col.ObserveWait(band, flowcontrol.ErrQueueFull, 0)
-		p.refuse(w, name, http.StatusTooManyRequests, reasonQueueFull)
-		return
+		return refuse(http.StatusTooManyRequests, reasonQueueFull)
 	}
 	done, err := p.col.Wait(r.Context(), p.ctrl, band)
 	p.waiting[band].Add(-1)
 	if err != nil {
 		switch {
 		case errors.Is(err, flowcontrol.ErrQueueFull):
-			p.refuse(w, name, http.StatusTooManyRequests, reasonQueueFull)
+			return refuse(http.StatusTooManyRequests, reasonQueueFull)
 		case errors.Is(err, flowcontrol.ErrExpired):
-			p.refuse(w, name, http.StatusServiceUnavailable, reasonExpired)
+			return refuse(http.StatusServiceUnavailable, reasonExpired)
 		case errors.Is(err, flowcontrol.ErrClosed):
-			p.refuse(w, name, http.StatusServiceUnavailable, reasonShutdown)
+			return refuse(http.StatusServiceUnavailable, reasonShutdown)
 		case errors.Is(err, flowcontrol.ErrCancelled):
-			p.answers.WithLabelValues(name, "0", reasonCancelled).Inc()
+			return 0, reasonCancelled // the client left: nobody to answer
 		default: // ErrUnknownBand: bandFor only returns valid bands
-			p.refuse(w, name, http.StatusInternalServerError, err.Error())
+			return refuse(http.StatusInternalServerError, "internal")
 		}
-		return
 	}
 	// done runs once the response has been copied to the client (or the
 	// copy failed because the client left): only then is the slot free.
 	defer done()
 	b := p.pick()
 	if b == nil {
-		p.refuse(w, name, http.StatusServiceUnavailable, reasonNoBackend)
-		return
+		return refuse(http.StatusServiceUnavailable, reasonNoBackend)
 	}
 	b.inflight.Add(1)
+	defer b.inflight.Add(-1)
 	// Credit the new request to its backend now, not at the next scrape.
 	p.poller.Rescore()
-	defer b.inflight.Add(-1)
 
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.Header.Del("Content-Length")
-	rec := &statusRecorder{ResponseWriter: w}
 	b.rp.ServeHTTP(rec, r)
-	reason := "forwarded"
-	if rec.proxyErr {
-		reason = reasonBackendError
+	switch {
+	case rec.proxyErr && rec.code == 0:
+		return 0, reasonCancelled // the client left before the backend answered
+	case rec.proxyErr:
+		return rec.code, reasonBackendError
+	case r.Context().Err() != nil:
+		return rec.code, reasonCancelled // left mid-response
 	}
-	code := rec.code
-	if r.Context().Err() != nil && code == 0 {
-		reason = reasonCancelled
-	}
-	p.answers.WithLabelValues(name, strconv.Itoa(code), reason).Inc()
+	return rec.code, reasonForwarded
 }
 
 // pick returns the backend with the fewest requests in flight (ties broken
@@ -397,11 +452,12 @@ func (p *Proxy) pick() *backend {
 // backendError is the reverse proxy's error handler: 502 backend-error,
 // unless the client is gone (then nobody is listening).
 func (p *Proxy) backendError(w http.ResponseWriter, r *http.Request, err error) {
-	if rec, ok := w.(*statusRecorder); ok {
+	rec, _ := w.(*statusRecorder)
+	if rec != nil {
 		rec.proxyErr = true
 	}
 	if r.Context().Err() != nil {
-		return
+		return // the client left; nobody to answer
 	}
 	p.logf("proxy: backend %s: %v", r.URL.Host, err)
 	h := w.Header()
