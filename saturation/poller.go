@@ -436,15 +436,19 @@ func (p *Poller) Start() error {
 }
 
 // Close stops a poller started with Start and waits for its goroutine (and
-// any scrape in flight) to finish. It is idempotent and returns nil.
+// any scrape in flight) to finish, then closes the idle connections of the
+// poller's own HTTP client (if it made one). It is idempotent, may be called
+// on a poller never started, and returns nil.
 func (p *Poller) Close() error {
 	p.life.Lock()
 	defer p.life.Unlock()
-	if p.cancel == nil {
-		return nil
+	if p.cancel != nil {
+		p.cancel()
+		<-p.done
+		p.cancel, p.done = nil, nil
 	}
-	p.cancel()
-	<-p.done
-	p.cancel, p.done = nil, nil
+	if p.ownHTTP {
+		p.cfg.Client.CloseIdleConnections()
+	}
 	return nil
 }

@@ -29,11 +29,11 @@ func TestScorerPodRules(t *testing.T) {
 		want float64
 	}{
 		{"idle", s, good(0, 0, 0), t0, 0},
-		{"queue bound", s, good(2, 0, 0.4), t0, 0.5},            // max(2/5, 0.4/0.8)
-		{"kv bound", s, good(1, 0, 0.72), t0, 0.9},              // max(0.2, 0.9)
-		{"overloaded", s, good(10, 0, 0.1), t0, 2},              // 10/5
-		{"kv above 1 scored", s, good(0, 0, 1.2), t0, 1.5},      // not rejected
-		{"not OK", s, Reading{At: t0}, t0, 1},                   // no good scrape
+		{"queue bound", s, good(2, 0, 0.4), t0, 0.5},       // max(2/5, 0.4/0.8)
+		{"kv bound", s, good(1, 0, 0.72), t0, 0.9},         // max(0.2, 0.9)
+		{"overloaded", s, good(10, 0, 0.1), t0, 2},         // 10/5
+		{"kv above 1 scored", s, good(0, 0, 1.2), t0, 1.5}, // not rejected
+		{"not OK", s, Reading{At: t0}, t0, 1},              // no good scrape
 		{"fresh at the limit", s, good(0, 0, 0), t0.Add(DefaultStaleness), 0},
 		{"stale", s, good(0, 0, 0), t0.Add(DefaultStaleness + 1), 1},
 		{"future reading is fresh", s, stamped(good(0, 0, 0), t0.Add(time.Hour)), t0, 0},
@@ -46,7 +46,7 @@ func TestScorerPodRules(t *testing.T) {
 		{"+Inf kv", s, good(0, 0, inf), t0, MaxSaturation},
 		{"huge waiting capped", s, good(1e300, 0, 0), t0, MaxSaturation},
 		{"credit off ignores in-flight", s, withInFlight(good(0, 0, 0), 10), t0, 0},
-		{"credit", credit, withInFlight(good(1, 2, 0), 8), t0, 1.2},           // (1 + 8-3)/5
+		{"credit", credit, withInFlight(good(1, 2, 0), 8), t0, 1.2},                // (1 + 8-3)/5
 		{"credit never negative", credit, withInFlight(good(1, 9, 0), 2), t0, 0.2}, // 1/5
 		{"negative in-flight ignored", credit, withInFlight(good(1, 0, 0), -50), t0, 0.2},
 		{"credit with +Inf running", credit, withInFlight(good(1, inf, 0), 50), t0, 0.2},
