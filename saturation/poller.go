@@ -103,7 +103,7 @@ type PodReading struct {
 // Drive it with Run (or Start/Close) on a real ticker, or call Poll for one
 // synchronous round (tests, simulations). Scrapes within a round run
 // concurrently, each bounded by Timeout. No goroutine outlives Poll, Run or
-// Close.
+// Close. The zero value is not usable; call NewPoller.
 type Poller struct {
 	cfg     PollerConfig
 	scorer  Scorer

@@ -102,14 +102,24 @@ func TestScorerAllocFree(t *testing.T) {
 	assert.False(t, math.IsNaN(sink))
 }
 
+// genCount draws request counts: mostly small whole numbers, as a real pod
+// reports, sometimes anything at all.
+func genCount() *rapid.Generator[float64] {
+	return rapid.OneOf(
+		rapid.Map(rapid.IntRange(0, 40), func(n int) float64 { return float64(n) }),
+		rapid.Map(rapid.IntRange(0, 40), func(n int) float64 { return float64(n) }),
+		genAny(),
+	)
+}
+
 // genReading draws readings over the whole float range, special values and
 // staleness included.
 func genReading(t *rapid.T, label string) Reading {
 	return Reading{
-		Waiting:  genAny().Draw(t, label+".waiting"),
-		Running:  genAny().Draw(t, label+".running"),
-		KVUsage:  genAny().Draw(t, label+".kv"),
-		InFlight: rapid.Int64Range(-10, 1000).Draw(t, label+".inflight"),
+		Waiting:  genCount().Draw(t, label+".waiting"),
+		Running:  genCount().Draw(t, label+".running"),
+		KVUsage:  rapid.OneOf(rapid.Float64Range(0, 1.2), genAny()).Draw(t, label+".kv"),
+		InFlight: rapid.Int64Range(-10, 100).Draw(t, label+".inflight"),
 		At:       t0.Add(-time.Duration(rapid.Int64Range(-1e9, 1e9).Draw(t, label+".age"))),
 		OK:       rapid.Float64Range(0, 1).Draw(t, label+".ok") < 0.9,
 	}
