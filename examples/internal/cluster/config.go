@@ -41,6 +41,13 @@ type Config struct {
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
 	CatchUp int
+
+	// noSkip makes every gateway tick on every tick of the run (tests compare it with
+	// the skipping loop, which must give the same result).
+	noSkip bool
+	// onTick, if set, is called after every tick the dispatcher runs, with the
+	// saturation the tick was accounted at (tests).
+	onTick func(s *sim, g *gateway, sat float64)
 }
 
 // Defaults returns cfg with every zero optional field set.

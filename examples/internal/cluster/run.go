@@ -62,7 +62,7 @@ type request struct {
 	first    int64 // -1 until the first token
 	done     int64 // -1 until finished
 	rejected bool  // the gateway refused it (queue full)
-	vr       vllm.Request
+	vr       *vllm.Request // its own allocation: the replica keeps the pointer while reqs grows
 }
 
 type gateway struct {
@@ -126,9 +126,17 @@ func (src source) Saturation() float64 { return src.s.scorer.Pool(src.g.readings
 
 // Run runs one experiment and returns its result.
 func Run(cfg Config) (Result, error) {
+	s, err := run(cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	return s.result(), nil
+}
+
+func run(cfg Config) (*sim, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	s := &sim{
 		cfg:    cfg,
@@ -147,7 +155,7 @@ func Run(cfg Config) (Result, error) {
 	for range cfg.Replicas {
 		r, err := vllm.New(cfg.Replica)
 		if err != nil {
-			return Result{}, fmt.Errorf("cluster: Replica: %w", err)
+			return nil, fmt.Errorf("cluster: Replica: %w", err)
 		}
 		s.replicas = append(s.replicas, r)
 	}
@@ -156,7 +164,7 @@ func Run(cfg Config) (Result, error) {
 	for g := range cfg.Gateways {
 		gen, err := workload.NewGenerator(cfg.Workload, cfg.QPS/float64(cfg.Gateways), cfg.CV, cfg.Seed, uint64(g))
 		if err != nil {
-			return Result{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas),
 			readings: make([]saturation.Reading, cfg.Replicas), lastTick: -1}
@@ -172,7 +180,7 @@ func Run(cfg Config) (Result, error) {
 			Now:      s.nowTime,
 		})
 		if err != nil {
-			return Result{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		gw.d = d
 		s.gws = append(s.gws, gw)
@@ -184,12 +192,15 @@ func Run(cfg Config) (Result, error) {
 		}
 		// Gateways scrape out of phase, as independent proxies would.
 		s.push(int64(cfg.Scrape)*int64(g)/int64(cfg.Gateways), evScrape, gi)
+		if cfg.noSkip {
+			s.schedule(gw, gi)
+		}
 	}
 	s.loop()
 	if s.err != nil {
-		return Result{}, s.err
+		return nil, s.err
 	}
-	return s.result(), nil
+	return s, nil
 }
 
 func (s *sim) loop() {
@@ -287,7 +298,7 @@ func (s *sim) canRelease(g *gateway) bool {
 // schedule arms the gateway's next tick if it could release something; otherwise the
 // gateway stays dormant until an input changes.
 func (s *sim) schedule(g *gateway, gi int32) {
-	if g.tickPending || !s.canRelease(g) {
+	if g.tickPending || (!s.cfg.noSkip && !s.canRelease(g)) {
 		return
 	}
 	k := max(s.ticksBefore(), g.lastTick+1)
@@ -300,7 +311,7 @@ func (s *sim) arrive(g *gateway, gi int32) {
 	s.catchUp(g)
 	id := int32(len(s.reqs))
 	s.reqs = append(s.reqs, request{critical: a.Critical, gw: gi, replica: -1, arrive: s.now, dispatch: -1, first: -1, done: -1,
-		vr: vllm.Request{ID: uint64(id), Input: a.Input, Output: a.Output}})
+		vr: &vllm.Request{ID: uint64(id), Input: a.Input, Output: a.Output}})
 	band := BandSheddable
 	if a.Critical {
 		band = BandCritical
@@ -329,8 +340,15 @@ func (s *sim) onTick(g *gateway, gi int32) {
 	g.tickPending = false
 	k := s.now / s.tick
 	s.account(g, k+1)
+	var sat float64
+	if s.cfg.onTick != nil {
+		sat = flowcontrol.Sanitize(source{s, g}.Saturation())
+	}
 	g.d.Step()
 	g.lastTick = k
+	if s.cfg.onTick != nil {
+		s.cfg.onTick(s, g, sat)
+	}
 	s.schedule(g, gi)
 }
 
@@ -369,7 +387,7 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 	r := s.route(g)
 	q.replica = int32(r)
 	q.dispatch = s.now
-	if err := s.replicas[r].Add(&q.vr); err != nil {
+	if err := s.replicas[r].Add(q.vr); err != nil {
 		s.err = fmt.Errorf("cluster: request %d: %w", id, err)
 		return
 	}
