@@ -160,7 +160,10 @@ func TestBoundedSheddableStarvation(t *testing.T) {
 		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: bands, Capacity: 16, Burst: 1, Source: sat}, &r)
 		maxEvery, lastOpen := 0, 0
 		for tick := 1; tick <= 400; tick++ {
-			sat.Set(rapid.Float64Range(0, 1-eps).Draw(t, "s"))
+			sat.Set(rapid.OneOf(
+				rapid.Float64Range(0, 1-eps),
+				rapid.SampledFrom([]float64{0.55, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 1 - eps}),
+			).Draw(t, "s"))
 			for d.Stats().Bands[last].Queued < 2 {
 				if err := d.Enqueue(last, tick); err != nil {
 					t.Fatal(err)
