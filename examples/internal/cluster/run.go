@@ -59,9 +59,9 @@ type request struct {
 	replica  int32
 	arrive   int64
 	dispatch int64
-	first    int64 // -1 until the first token
-	done     int64 // -1 until finished
-	rejected bool  // the gateway refused it (queue full)
+	first    int64         // -1 until the first token
+	done     int64         // -1 until finished
+	rejected bool          // the gateway refused it (queue full)
 	vr       *vllm.Request // its own allocation: the replica keeps the pointer while reqs grows
 }
 
