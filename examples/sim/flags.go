@@ -17,31 +17,33 @@ import (
 
 // options are the parsed command line.
 type options struct {
-	workloads []workload.Workload
-	qps       []float64 // nil = each workload's published points
-	policies  []string
-	duration  time.Duration
-	seed      uint64
-	format    string
-	gateways  int
-	plot      string
-	tick      time.Duration
-	burst     int
-	credit    bool
-	scrape    time.Duration
-	replicas  int
-	cv        float64
-	step      vllm.StepModel
-	parallel  int
-	sweep     bool
-	sweepQPS  string
-	quiet     bool
+	workloads   []workload.Workload
+	qps         []float64 // nil = each workload's published points
+	policies    []string
+	duration    time.Duration
+	seed        uint64
+	format      string
+	gateways    int
+	plot        string
+	tick        time.Duration
+	burst       int
+	credit      bool
+	scrape      time.Duration
+	replicas    int
+	cv          float64
+	step        vllm.StepModel
+	parallel    int
+	sweep       bool
+	sweepQPS    string
+	sweepTicks  string
+	sweepBursts string
+	quiet       bool
 }
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its
 // dispatched-but-not-yet-visible requests to each pod's waiting count (chosen by the
 // sweep; see the README).
-const DefaultCredit = true
+const DefaultCredit = false
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
@@ -70,6 +72,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.parallel, "parallel", 0, "experiments run concurrently (0 = GOMAXPROCS); output does not depend on it")
 	fs.BoolVar(&o.sweep, "sweep", false, "run the Tick × Burst × credit sweep used to choose flowgate's defaults")
 	fs.StringVar(&o.sweepQPS, "sweep-points", "codegen:4,codegen:16,chat:20,chat:80,reasoning:0.2,reasoning:0.7", "sweep: workload:qps points")
+	fs.StringVar(&o.sweepTicks, "sweep-ticks", "", "sweep: comma-separated ticks (default 1ms,5ms,10ms,50ms)")
+	fs.StringVar(&o.sweepBursts, "sweep-bursts", "", "sweep: comma-separated bursts (default 1,4,32)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
 		return o, err

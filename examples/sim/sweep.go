@@ -11,11 +11,35 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/workload"
 )
 
-// sweepTicks, sweepBursts: the grid of the defaults sweep (Tick × Burst × credit).
+// sweepTicks, sweepBursts: the default grid of the defaults sweep (Tick × Burst × credit).
 var (
 	sweepTicks  = []time.Duration{time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond}
 	sweepBursts = []int{1, 4, 32}
 )
+
+func parseTicks(s string) ([]time.Duration, error) {
+	var ts []time.Duration
+	for _, f := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("-sweep-ticks: %q is not a positive duration", f)
+		}
+		ts = append(ts, d)
+	}
+	return ts, nil
+}
+
+func parseBursts(s string) ([]int, error) {
+	var bs []int
+	for _, f := range strings.Split(s, ",") {
+		b, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || b < 1 {
+			return nil, fmt.Errorf("-sweep-bursts: %q is not a positive integer", f)
+		}
+		bs = append(bs, b)
+	}
+	return bs, nil
+}
 
 type sweepPoint struct {
 	w   workload.Workload
@@ -50,6 +74,17 @@ func runSweep(o options, w, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ticks, bursts := sweepTicks, sweepBursts
+	if o.sweepTicks != "" {
+		if ticks, err = parseTicks(o.sweepTicks); err != nil {
+			return err
+		}
+	}
+	if o.sweepBursts != "" {
+		if bursts, err = parseBursts(o.sweepBursts); err != nil {
+			return err
+		}
+	}
 	type cell struct {
 		tick   time.Duration
 		burst  int
@@ -57,8 +92,8 @@ func runSweep(o options, w, stderr io.Writer) error {
 	}
 	var cells []cell
 	for _, c := range []bool{false, true} {
-		for _, t := range sweepTicks {
-			for _, b := range sweepBursts {
+		for _, t := range ticks {
+			for _, b := range bursts {
 				cells = append(cells, cell{t, b, c})
 			}
 		}
