@@ -36,7 +36,7 @@ type Config struct {
 	Credit     bool          // count dispatched-but-invisible requests as waiting
 	Scrape     time.Duration // metrics scrape interval (0 = 50 ms)
 	CV         float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity   int           // per-band gateway queue capacity (0 = 1<<20)
+	Capacity   int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
 	Replica    vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
@@ -73,8 +73,10 @@ func (c Config) withDefaults() Config {
 	if c.CV < 0 {
 		c.CV = workload.DefaultCV
 	}
-	if c.Capacity == 0 {
-		c.Capacity = 1 << 20
+	if c.Capacity == 0 && c.Gateways > 0 && c.QPS > 0 {
+		// Big enough that no run rejects (the "queues big enough"), without
+		// allocating a huge ring for a short run.
+		c.Capacity = max(1024, int(min(2*c.QPS/float64(c.Gateways)*c.Duration.Seconds(), 1<<24)))
 	}
 	if c.Replica.TotalBlocks == 0 {
 		c.Replica = vllm.DefaultConfig()
