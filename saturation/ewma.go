@@ -30,7 +30,7 @@ type EWMA struct {
 	halfLife float64 // seconds
 	now      func() time.Time
 
-	mu   sync.Mutex // guards avg, last and started; taken with TryLock only
+	mu   sync.Mutex // guards avg, last and seen; taken with TryLock only
 	avg  float64
 	last time.Time
 	seen bool

@@ -15,7 +15,7 @@ import (
 // Wire it to the flowcontrol Controller (whose optional InFlight field takes
 // any interface{ Inc(); Dec() }) or by hand: Inc when a request is sent, Dec
 // when it finishes. All methods are lock-free, allocation-free and safe for
-// concurrent use.
+// concurrent use. The zero value is not usable; call NewInFlight.
 type InFlight struct {
 	n         atomic.Int64
 	capacity  float64
@@ -35,10 +35,11 @@ func NewInFlight(capacity int) (*InFlight, error) {
 // Inc records one more request in flight.
 func (f *InFlight) Inc() { f.n.Inc() }
 
-// Dec records one request finished. A Dec without a matching Inc (a double
-// done()) never takes the count below zero: it is ignored and counted in
-// Underflows, so one bug cannot make the pool look permanently emptier than
-// it is.
+// Dec records one request finished. It never takes the count below zero: a
+// Dec that finds the count at zero is ignored and counted in Underflows. A
+// negative count would make the pool look emptier than it is for the rest of
+// the process (and a saturation below 0); clamping confines the damage of a
+// double done() to the moment it happens, and Underflows makes it visible.
 func (f *InFlight) Dec() {
 	for {
 		c := f.n.Load()

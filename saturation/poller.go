@@ -92,22 +92,18 @@ type PodReading struct {
 	Scrapes int64
 }
 
-type pod struct {
-	PodReading
-}
-
 // Poller scrapes the Prometheus metrics pages of a pool of model servers and
 // reports the pool's saturation (see Scorer for the formula and the rules).
 //
 // Saturation is one atomic load of the value computed at the end of the last
 // round (or rescore): no I/O, no lock, no allocation. Before the first round it
-// is 1 (fail safe), and it returns to 1 when Run returns, because nothing
-// keeps the readings fresh any more.
+// is 1 (fail safe), and it returns to 1 when Run returns (or Close stops a
+// Start), because nothing keeps the readings fresh any more.
 //
 // Drive it with Run (or Start/Close) on a real ticker, or call Poll for one
 // synchronous round (tests, simulations). Scrapes within a round run
 // concurrently, each bounded by Timeout. No goroutine outlives Poll, Run or
-// Close.
+// Close. The zero value is not usable; call NewPoller.
 type Poller struct {
 	cfg     PollerConfig
 	scorer  Scorer
@@ -117,8 +113,8 @@ type Poller struct {
 
 	round sync.Mutex // serialises rounds
 
-	mu      sync.Mutex // guards pods, order, scratch
-	pods    map[string]*pod
+	mu      sync.Mutex             // guards pods, order, scratch
+	pods    map[string]*PodReading // by endpoint
 	order   []string
 	scratch []Reading
 
@@ -141,7 +137,7 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
 	}
 	if err := cfg.Scorer.Validate(); err != nil {
-		return nil, fmt.Errorf("PollerConfig: %w", err)
+		return nil, err // names the Scorer field
 	}
 	if cfg.Scorer.InFlightCredit && cfg.InFlight == nil {
 		return nil, fmt.Errorf("%w: PollerConfig.InFlight must be set when Scorer.InFlightCredit is", ErrInvalidConfig)
@@ -166,7 +162,7 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*pod{}}
+	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*PodReading{}}
 	if cfg.Client == nil {
 		p.cfg.Client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 		p.ownHTTP = true
@@ -198,7 +194,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pods := make(map[string]*pod, len(endpoints))
+	pods := make(map[string]*PodReading, len(endpoints))
 	order := make([]string, 0, len(endpoints))
 	for _, ep := range endpoints {
 		if _, dup := pods[ep]; dup {
@@ -206,7 +202,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 		}
 		pd := p.pods[ep]
 		if pd == nil {
-			pd = &pod{PodReading: PodReading{Endpoint: ep, Score: 1}}
+			pd = &PodReading{Endpoint: ep, Score: 1}
 		}
 		pods[ep] = pd
 		order = append(order, ep)
@@ -229,7 +225,7 @@ func (p *Poller) Readings() []PodReading {
 	defer p.mu.Unlock()
 	out := make([]PodReading, len(p.order))
 	for i, ep := range p.order {
-		out[i] = p.pods[ep].PodReading
+		out[i] = *p.pods[ep]
 	}
 	return out
 }
@@ -436,15 +432,19 @@ func (p *Poller) Start() error {
 }
 
 // Close stops a poller started with Start and waits for its goroutine (and
-// any scrape in flight) to finish. It is idempotent and returns nil.
+// any scrape in flight) to finish, then closes the idle connections of the
+// poller's own HTTP client (if it made one). It is idempotent, may be called
+// on a poller never started, and returns nil.
 func (p *Poller) Close() error {
 	p.life.Lock()
 	defer p.life.Unlock()
-	if p.cancel == nil {
-		return nil
+	if p.cancel != nil {
+		p.cancel()
+		<-p.done
+		p.cancel, p.done = nil, nil
 	}
-	p.cancel()
-	<-p.done
-	p.cancel, p.done = nil, nil
+	if p.ownHTTP {
+		p.cfg.Client.CloseIdleConnections()
+	}
 	return nil
 }

@@ -17,21 +17,26 @@ var ErrInvalidRequest = errors.New("vllm: invalid request")
 // StepModel is the linear latency model of one engine step (one forward pass of the batch):
 //
 //	step = Base + PrefillNs·prefill_tokens + DecodeNs·decode_tokens + ContextNs·context_tokens
+//	       + PerAdmit·admitted_requests
 //
 // where context_tokens is the KV cache the batch's attention reads (for each scheduled
-// request, the tokens already computed plus the tokens computed in this step).
+// request, the tokens already computed plus the tokens computed in this step) and
+// admitted_requests counts the requests that moved from waiting to running in this step
+// (new ones and preempted ones resuming): the engine's per-request work on the step's
+// critical path.
 type StepModel struct {
 	Base      time.Duration // fixed cost of a step: weight read, scheduling, sampling
 	PrefillNs float64       // per prompt (or recompute) token in the batch, nanoseconds
 	DecodeNs  float64       // per decode token in the batch, nanoseconds
 	ContextNs float64       // per context token read by attention, nanoseconds
+	PerAdmit  time.Duration // per request admitted into the running set in this step
 }
 
 // Duration returns the modelled duration of a step with the given token counts, rounded to
 // the nanosecond (deterministic: no accumulation of float error across steps).
-func (m StepModel) Duration(prefill, decode, context int) time.Duration {
+func (m StepModel) Duration(prefill, decode, context, admitted int) time.Duration {
 	ns := float64(m.Base) + m.PrefillNs*float64(prefill) + m.DecodeNs*float64(decode) +
-		m.ContextNs*float64(context)
+		m.ContextNs*float64(context) + float64(m.PerAdmit)*float64(admitted)
 	return time.Duration(math.Round(ns))
 }
 
@@ -75,8 +80,8 @@ func DefaultConfig() Config {
 func DefaultStepModel() StepModel {
 	return StepModel{
 		Base:      13600 * time.Microsecond,
-		PrefillNs: 39400,
-		DecodeNs:  27300,
+		PrefillNs: 71000,
+		DecodeNs:  48000,
 		ContextNs: 55,
 	}
 }
@@ -94,7 +99,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: MaxNumSeqs %d must be > 0", ErrInvalidConfig, c.MaxNumSeqs)
 	case c.MaxModelLen <= 1:
 		return fmt.Errorf("%w: MaxModelLen %d must be > 1", ErrInvalidConfig, c.MaxModelLen)
-	case c.Step.Base < 0 || !(c.Step.PrefillNs >= 0) || !(c.Step.DecodeNs >= 0) || !(c.Step.ContextNs >= 0):
+	case c.Step.Base < 0 || c.Step.PerAdmit < 0 || !(c.Step.PrefillNs >= 0) || !(c.Step.DecodeNs >= 0) || !(c.Step.ContextNs >= 0):
 		return fmt.Errorf("%w: Step coefficients must be finite and >= 0", ErrInvalidConfig)
 	case math.IsInf(c.Step.PrefillNs, 0) || math.IsInf(c.Step.DecodeNs, 0) || math.IsInf(c.Step.ContextNs, 0):
 		return fmt.Errorf("%w: Step coefficients must be finite and >= 0", ErrInvalidConfig)

@@ -62,6 +62,7 @@ type Batch struct {
 	Requests      int // requests in the batch
 	PrefillTokens int // prompt/recompute tokens
 	DecodeTokens  int // decode tokens (one per decoding request)
+	Admitted      int // requests moved from waiting to running by this step
 	ContextTokens int // KV tokens attention reads: Σ (computed before + scheduled)
 }
 
@@ -218,6 +219,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 		budget -= n
 		i++
 	}
+	admitted := 0
 	if !preempted {
 		for r.waiting.len() > 0 && len(r.running) < r.cfg.MaxNumSeqs && budget > 0 {
 			q := r.waiting.front()
@@ -232,13 +234,14 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			r.running = append(r.running, q)
 			r.batch = append(r.batch, scheduled{q, n})
 			budget -= n
+			admitted++
 		}
 	}
 	if len(r.batch) == 0 {
 		r.last = Batch{}
 		return 0, dst, false
 	}
-	var b Batch
+	b := Batch{Admitted: admitted}
 	for _, s := range r.batch {
 		b.Requests++
 		if s.tokens == 1 && s.req.generated > 0 && s.req.computed == s.req.known()-1 {
@@ -250,7 +253,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 	}
 	r.last = b
 	r.inStep = true
-	return (r.cfg.Step.Duration(b.PrefillTokens, b.DecodeTokens, b.ContextTokens)), dst, true
+	return (r.cfg.Step.Duration(b.PrefillTokens, b.DecodeTokens, b.ContextTokens, b.Admitted)), dst, true
 }
 
 // Finish applies the step Begin scheduled: every scheduled request computes its tokens;

@@ -109,7 +109,7 @@ func TestChunkedPrefillSplitsByTokenBudget(t *testing.T) {
 	require.NoError(t, r.Add(&Request{ID: 1, Input: 20000, Output: 3}))
 	var ev []Event
 	want := []Batch{
-		{Requests: 1, PrefillTokens: 8192, ContextTokens: 8192},
+		{Requests: 1, PrefillTokens: 8192, ContextTokens: 8192, Admitted: 1},
 		{Requests: 1, PrefillTokens: 8192, ContextTokens: 16384},
 		{Requests: 1, PrefillTokens: 3616, ContextTokens: 20000},
 		{Requests: 1, DecodeTokens: 1, ContextTokens: 20001},
@@ -120,7 +120,7 @@ func TestChunkedPrefillSplitsByTokenBudget(t *testing.T) {
 		d, evs, ok := r.Step(ev[:0])
 		require.True(t, ok)
 		require.Equal(t, w, r.LastBatch(), "step %d", i)
-		require.Equal(t, r.cfg.Step.Duration(w.PrefillTokens, w.DecodeTokens, w.ContextTokens), d)
+		require.Equal(t, r.cfg.Step.Duration(w.PrefillTokens, w.DecodeTokens, w.ContextTokens, w.Admitted), d)
 		var kinds []EventKind
 		for _, e := range evs {
 			kinds = append(kinds, e.Kind)
@@ -135,7 +135,7 @@ func TestChunkedPrefillSplitsByTokenBudget(t *testing.T) {
 	_, _, _ = r.Step(nil) // prefill of 10, first token
 	require.NoError(t, r.Add(&Request{ID: 2, Input: 9000, Output: 5}))
 	_, _, _ = r.Step(nil)
-	require.Equal(t, Batch{Requests: 2, DecodeTokens: 1, PrefillTokens: 8191, ContextTokens: 11 + 8191}, r.LastBatch())
+	require.Equal(t, Batch{Requests: 2, DecodeTokens: 1, PrefillTokens: 8191, ContextTokens: 11 + 8191, Admitted: 1}, r.LastBatch())
 	_, _, _ = r.Step(nil)
 	require.Equal(t, Batch{Requests: 2, DecodeTokens: 1, PrefillTokens: 809, ContextTokens: 12 + 9000}, r.LastBatch())
 }
@@ -269,9 +269,9 @@ func TestMetricsLagUntilStepEnds(t *testing.T) {
 }
 
 func TestStepModelFormula(t *testing.T) {
-	m := StepModel{Base: 10 * time.Millisecond, PrefillNs: 40000, DecodeNs: 30000, ContextNs: 50}
-	require.Equal(t, 10*time.Millisecond+100*40*time.Microsecond+3*30*time.Microsecond+1000*50*time.Nanosecond,
-		m.Duration(100, 3, 1000))
+	m := StepModel{Base: 10 * time.Millisecond, PrefillNs: 40000, DecodeNs: 30000, ContextNs: 50, PerAdmit: time.Millisecond}
+	require.Equal(t, 10*time.Millisecond+100*40*time.Microsecond+3*30*time.Microsecond+1000*50*time.Nanosecond+2*time.Millisecond,
+		m.Duration(100, 3, 1000, 2))
 	require.Equal(t, 15912, H100Qwen3_14BBlocks)
 }
 
