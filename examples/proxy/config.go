@@ -35,6 +35,7 @@ import (
 //	  kvCacheUtilThreshold: 0.8
 //	  metricsStalenessThreshold: 200ms
 //	  scrapeInterval: 50ms
+//	  inFlightCredit: false
 //
 // Band priorities follow the Gateway API Inference Extension convention
 // (InferenceObjective.priority: higher is more important): bands are sorted by
@@ -81,6 +82,7 @@ type fileSaturationDetector struct {
 	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
 	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
 	ScrapeInterval            *time.Duration `yaml:"scrapeInterval"`
+	InFlightCredit            *bool          `yaml:"inFlightCredit"`
 }
 
 // Policy type names, as registered in flowcontrol's policy registry.
@@ -110,6 +112,10 @@ type SaturationConfig struct {
 	KVCacheUtilThreshold      float64
 	MetricsStalenessThreshold time.Duration
 	ScrapeInterval            time.Duration
+	// InFlightCredit counts requests the proxy has forwarded to a pod but
+	// that its last scrape does not show yet (in-flight − (waiting +
+	// running), if positive) as waiting on that pod.
+	InFlightCredit bool
 }
 
 // Config is the validated proxy configuration.
@@ -141,6 +147,7 @@ func DefaultConfig() Config {
 			KVCacheUtilThreshold:      0.8,
 			MetricsStalenessThreshold: 200 * time.Millisecond,
 			ScrapeInterval:            50 * time.Millisecond,
+			InFlightCredit:            false,
 		},
 	}
 }
@@ -489,6 +496,9 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			return Config{}, fieldError(root, "saturationDetector.scrapeInterval", "must be > 0, got %v", *v)
 		}
 		cfg.Saturation.ScrapeInterval = *v
+	}
+	if v := sd.InFlightCredit; v != nil {
+		cfg.Saturation.InFlightCredit = *v
 	}
 	if cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
 		return Config{}, fieldError(root, "saturationDetector.scrapeInterval",

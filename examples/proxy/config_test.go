@@ -41,6 +41,13 @@ func TestParseConfigSwitchIsOneLine(t *testing.T) {
 	require.Equal(t, PolicyRef{Type: policyStatic, Threshold: 1.0}, cfg.Policy)
 }
 
+func TestParseConfigInFlightCredit(t *testing.T) {
+	cfg, err := ParseConfig(strings.NewReader("saturationDetector: {inFlightCredit: true}\n"))
+	require.NoError(t, err)
+	require.True(t, cfg.Saturation.InFlightCredit)
+	require.False(t, DefaultConfig().Saturation.InFlightCredit)
+}
+
 func TestParseConfigEmptyIsDefault(t *testing.T) {
 	cfg, err := ParseConfig(strings.NewReader(""))
 	require.NoError(t, err)
@@ -103,6 +110,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"not yaml", "flowControl: [\n", []string{"proxy: config:"}},
 		{"map for a list", "flowControl:\n  priorityBands: {a: 1}\n", []string{"flowControl.priorityBands (line 2)", "cannot unmarshal !!map"}},
 		{"long bad value", "flowControl:\n  burst: manymanymany\n", []string{"flowControl.burst (line 2)"}},
+		{"bad bool", "saturationDetector:\n  inFlightCredit: maybe\n", []string{"saturationDetector.inFlightCredit (line 2)"}},
 		{"bad burst", "flowControl:\n  burst: 0\n", []string{"flowControl.burst (line 2)"}},
 	}
 	for _, tc := range cases {

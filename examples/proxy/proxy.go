@@ -173,7 +173,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 			QueueDepthThreshold: sc.QueueDepthThreshold,
 			KVUtilThreshold:     sc.KVCacheUtilThreshold,
 			Staleness:           sc.MetricsStalenessThreshold,
-			InFlightCredit:      true,
+			InFlightCredit:      sc.InFlightCredit,
 		},
 		InFlight: func(endpoint string) int64 {
 			if b := p.byMetric[endpoint]; b != nil {
@@ -413,8 +413,11 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 	}
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
-	// Credit the new request to its backend now, not at the next scrape.
-	p.poller.Rescore()
+	if p.cfg.Saturation.InFlightCredit {
+		// Credit the new request to its backend now, not at the next
+		// scrape: a burst of dispatches shows in the saturation at once.
+		p.poller.Rescore()
+	}
 
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))

@@ -413,6 +413,7 @@ func TestBandResolution(t *testing.T) {
 func TestEndToEndOverload(t *testing.T) {
 	replica := vllm.DefaultConfig()
 	load := demoLoad()
+	load.QPS = 20
 	load.SpeedUp = 10
 	load.Duration = 3 * time.Second
 	load.Drain = 30 * time.Second
