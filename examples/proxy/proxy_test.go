@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -242,8 +243,15 @@ func TestMetricsEndpointMatchesStats(t *testing.T) {
 	for i, obj := range []string{"critical", "sheddable", "critical", ""} {
 		resp, err := h.send(context.Background(), t, obj, fmt.Sprintf(`{"prompt":"x","max_tokens":%d}`, i+1))
 		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body) // read it all: closing early is leaving
+		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	for range 4 { // the handler counts after the client has the response
+		_, code, reason := h.nextFinish(t)
+		require.Equal(t, http.StatusOK, code)
+		require.Equal(t, reasonForwarded, reason)
 	}
 	h.p.Close() // stops ticking; /metrics is still served
 	st := h.p.Controller().Stats()
