@@ -12,7 +12,7 @@ import (
 
 // specialSaturations are the raw inputs every policy must survive.
 var specialSaturations = []float64{
-	math.NaN(), math.Inf(1), math.Inf(-1), -1, -0.0, 0, 0.5, 0.6, 0.75, 0.9, 1, 1.5,
+	math.NaN(), math.Inf(1), math.Inf(-1), -1, math.Copysign(0, -1), 0, 0.5, 0.6, 0.75, 0.9, 1, 1.5,
 	math.MaxFloat64, -math.MaxFloat64, math.SmallestNonzeroFloat64, 1e300, 1e-300,
 	1 - 1e-16, 1 + 1e-16,
 }
