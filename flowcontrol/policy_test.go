@@ -232,3 +232,18 @@ func FuzzGate(f *testing.F) {
 		checkGate(t.Fatalf, band, bands, s)
 	})
 }
+
+// A user policy's out-of-range Every is clamped by the dispatcher: negative
+// is blocked, huge is MaxEvery (never a panic, never a band stuck open).
+func TestDispatcherClampsPolicyEvery(t *testing.T) {
+	for _, tc := range []struct{ every, want int }{{-5, 0}, {flowcontrol.MaxEvery + 7, flowcontrol.MaxEvery}, {3, 3}} {
+		var r rec
+		p := flowcontrol.PolicyFunc(func(int, int, float64) flowcontrol.Gate { return flowcontrol.Gate{Every: tc.every} })
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 1, Capacity: 2, Source: newSat(0), Policy: p}, &r)
+		_ = d.Enqueue(0, 1)
+		d.Step()
+		if got := d.Stats().Bands[0].Gate.Every; got != tc.want || len(r.take()) != 0 {
+			t.Errorf("policy Every %d: stats Every %d, want %d", tc.every, got, tc.want)
+		}
+	}
+}
