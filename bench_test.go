@@ -7,6 +7,9 @@ package flowgate_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,6 +17,7 @@ import (
 	"time"
 
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/saturation"
 )
 
 // ---- queue (issue: ring queue) ----
@@ -163,3 +167,69 @@ func BenchmarkDispatcherWake(b *testing.B) {
 }
 
 // ---- saturation ----
+
+// BenchmarkSaturation measures what the dispatcher pays per tick to read the
+// saturation signal. Every case must report 0 allocs/op.
+func BenchmarkSaturation(b *testing.B) {
+	var sink float64
+	b.Run("value", func(b *testing.B) {
+		var v saturation.Value
+		v.Set(0.7)
+		b.ReportAllocs()
+		for b.Loop() {
+			sink += v.Saturation()
+		}
+	})
+	b.Run("max-value-inflight", func(b *testing.B) {
+		var v saturation.Value
+		v.Set(0.7)
+		inflight, err := saturation.NewInFlight(64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src := saturation.Max(&v, inflight)
+		b.ReportAllocs()
+		for b.Loop() {
+			sink += src.Saturation()
+		}
+	})
+	b.Run("ewma", func(b *testing.B) {
+		var v saturation.Value
+		v.Set(0.7)
+		e, err := saturation.NewEWMA(&v, 100*time.Millisecond, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			sink += e.Saturation()
+		}
+	})
+	b.Run("poller", func(b *testing.B) {
+		// Two pods served over real HTTP, scraped every millisecond while
+		// the loop reads: the read must stay one atomic load.
+		pod := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, "vllm:num_requests_waiting 2\nvllm:num_requests_running 8\nvllm:kv_cache_usage_perc 0.5\n")
+		}))
+		defer pod.Close()
+		p, err := saturation.NewPoller(saturation.PollerConfig{
+			Endpoints: []string{pod.URL + "/a/metrics", pod.URL + "/b/metrics"},
+			Interval:  time.Millisecond,
+			Timeout:   time.Second,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Start(); err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		b.ReportAllocs()
+		for b.Loop() {
+			sink += p.Saturation()
+		}
+	})
+	if sink < 0 {
+		b.Fatal("negative saturation")
+	}
+}
