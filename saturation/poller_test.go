@@ -465,3 +465,31 @@ func TestPollerScoresNeverBad(t *testing.T) {
 	assert.True(t, inRange(s) && !math.IsNaN(s), "%v", s)
 	assert.Greater(t, s, 0.0)
 }
+
+// TestReadsAllocFree: what a dispatcher reads each tick never allocates.
+// (The root BenchmarkSaturation measures the same with a poller running; its
+// allocations per op are process-wide, so only this test isolates the read.)
+func TestReadsAllocFree(t *testing.T) {
+	ep, _ := vllmPod(t, 1, 1, 0.5)
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}})
+	require.NoError(t, p.Poll(context.Background()))
+	var v Value
+	v.Set(0.3)
+	inflight, err := NewInFlight(8)
+	require.NoError(t, err)
+	e, err := NewEWMA(Max(p, &v, inflight), time.Second, nil)
+	require.NoError(t, err)
+	srcs := map[string]Source{"poller": p, "value": &v, "inflight": inflight,
+		"max": Max(p, &v, inflight), "mean": Mean(p, &v), "ewma": e,
+		"func": Func(func() float64 { return 0.5 })}
+	for name, s := range srcs {
+		var sink float64
+		allocs := testing.AllocsPerRun(200, func() {
+			sink += s.Saturation()
+			inflight.Inc()
+			inflight.Dec()
+		})
+		assert.Zero(t, allocs, name)
+		assert.True(t, inRange(sink/201), name)
+	}
+}

@@ -28,7 +28,8 @@ type Reading struct {
 	// and not yet seen finish. Used only when Scorer.InFlightCredit is set.
 	InFlight int64
 	// At is when the metrics were taken (for a scrape: when the response
-	// arrived). Staleness is measured from it.
+	// arrived). Staleness is measured from it, so a reading with OK true
+	// and a zero At is stale.
 	At time.Time
 	// OK reports that the reading holds a good scrape. A pod never
 	// scraped successfully has OK false and scores as failed.
