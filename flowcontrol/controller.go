@@ -162,6 +162,12 @@ func (c *Controller) onDrop(_ int, t *ticket, reason error) {
 //
 // Exactly one of these is returned per call. In steady state a released Wait
 // allocates once (the done func).
+//
+// A Wait cancelled while queued returns at once, but its ticket keeps its
+// place (and its slot of Capacity) until the dispatcher reaches it: when the
+// band next opens, when it expires, or at Close. The dispatcher then skips
+// it without spending the band's burst and counts it in Stats as cancelled
+// (or as expired or closed, if that is what it found first).
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)

@@ -291,6 +291,10 @@ func (d *Dispatcher[T]) run(advance bool) {
 		for i := range d.bands {
 			b := &d.bands[i]
 			g := d.policy.Gate(i, n, s)
+			// A user policy may return anything: negative means
+			// blocked, above MaxEvery is MaxEvery (since saturates
+			// there, so a larger Every would never open).
+			g.Every = min(max(g.Every, 0), MaxEvery)
 			if b.since < MaxEvery {
 				b.since++
 			}
