@@ -12,8 +12,9 @@ type Gate struct {
 	// Ceiling is the saturation at which the band starts being throttled.
 	Ceiling float64
 	// Every says the band may dispatch on one tick in Every: 1 = every
-	// tick, 0 = blocked. Dispatchers treat a negative Every as 0. Policies
-	// in this package return values in [0, MaxEvery].
+	// tick, 0 = blocked. The dispatcher treats a negative Every as 0 and
+	// one above MaxEvery as MaxEvery. Policies in this package return
+	// values in [0, MaxEvery].
 	Every int
 }
 

@@ -12,7 +12,7 @@ import (
 
 // specialSaturations are the raw inputs every policy must survive.
 var specialSaturations = []float64{
-	math.NaN(), math.Inf(1), math.Inf(-1), -1, -0.0, 0, 0.5, 0.6, 0.75, 0.9, 1, 1.5,
+	math.NaN(), math.Inf(1), math.Inf(-1), -1, math.Copysign(0, -1), 0, 0.5, 0.6, 0.75, 0.9, 1, 1.5,
 	math.MaxFloat64, -math.MaxFloat64, math.SmallestNonzeroFloat64, 1e300, 1e-300,
 	1 - 1e-16, 1 + 1e-16,
 }
@@ -231,4 +231,19 @@ func FuzzGate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, band, bands int, s float64) {
 		checkGate(t.Fatalf, band, bands, s)
 	})
+}
+
+// A user policy's out-of-range Every is clamped by the dispatcher: negative
+// is blocked, huge is MaxEvery (never a panic, never a band stuck open).
+func TestDispatcherClampsPolicyEvery(t *testing.T) {
+	for _, tc := range []struct{ every, want int }{{-5, 0}, {flowcontrol.MaxEvery + 7, flowcontrol.MaxEvery}, {3, 3}} {
+		var r rec
+		p := flowcontrol.PolicyFunc(func(int, int, float64) flowcontrol.Gate { return flowcontrol.Gate{Every: tc.every} })
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 1, Capacity: 2, Source: newSat(0), Policy: p}, &r)
+		_ = d.Enqueue(0, 1)
+		d.Step()
+		if got := d.Stats().Bands[0].Gate.Every; got != tc.want || len(r.take()) != 0 {
+			t.Errorf("policy Every %d: stats Every %d, want %d", tc.every, got, tc.want)
+		}
+	}
 }

@@ -15,6 +15,15 @@ import (
 	"time"
 
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/saturation"
+)
+
+// The saturation package's in-flight counter plugs into a Controller both as
+// its InFlight hook and as a saturation source, with no import between the
+// two packages.
+var (
+	_ flowcontrol.InFlightCounter  = (*saturation.InFlight)(nil)
+	_ flowcontrol.SaturationSource = (*saturation.InFlight)(nil)
 )
 
 // level is a saturation the program sets by hand (a real host uses a

@@ -85,9 +85,9 @@ func writeSVG(w io.Writer, rs []cluster.Result) error {
 				}
 				v := math.Max(-100, math.Min(100, vals[k]))
 				x := gx + barW*(1+float64(k))
-				y, h := zero-v*scale, v*scale
+				y, h := zero-v*scale, math.Abs(v*scale)
 				if v < 0 {
-					y, h = zero, -v*scale
+					y = zero
 				}
 				f(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", x, y, barW*0.9, h, colors[k])
 				ly := zero - v*scale - 4

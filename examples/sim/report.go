@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -153,6 +154,9 @@ func fmtChange(a, b float64) string {
 	c, ok := change(a, b)
 	if !ok {
 		return "n/a"
+	}
+	if math.Abs(c) < 0.05 {
+		c = 0 // no "-0.0 %"
 	}
 	return fmt.Sprintf("%+.1f %%", c)
 }

@@ -167,3 +167,20 @@ func TestConfigErrors(t *testing.T) {
 		require.True(t, errors.Is(err, ErrInvalidConfig), "case %d: %v", i, err)
 	}
 }
+
+// TestCatchUpCapDoesNotChangeResults: replaying at most 4,096 skipped ticks (the default)
+// gives the same results as replaying all of them, on runs with long blocked stretches.
+func TestCatchUpCapDoesNotChangeResults(t *testing.T) {
+	for _, c := range []Config{
+		short(workload.Codegen, 24, Static),
+		short(workload.Reasoning, 1.2, SoftReflective),
+	} {
+		c.Credit = false
+		capped, err := Run(c)
+		require.NoError(t, err)
+		c.CatchUp = 1 << 30
+		all, err := Run(c)
+		require.NoError(t, err)
+		require.Equal(t, all, capped)
+	}
+}
