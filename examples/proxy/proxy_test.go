@@ -468,3 +468,47 @@ func TestEndToEndOverload(t *testing.T) {
 	require.LessOrEqual(t, float64(soft), 0.5*float64(static),
 		"critical TTFT p99: static %v, soft-reflective %v", static, soft)
 }
+
+// TestBackendDownAndBadBodies: an unreachable backend is a 502
+// backend-error that releases the in-flight slot; an oversized body is a
+// 413 before any queueing.
+func TestBackendDownAndBadBodies(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close() // nothing listens there any more
+	h := &harness{finished: make(chan [3]any, 16)}
+	p, err := NewProxy(Options{Config: testConfig(), Backends: []string{deadURL}, Logf: t.Logf, MaxBodyBytes: 64,
+		OnFinish: func(band, code int, reason string) { h.finished <- [3]any{band, code, reason} }})
+	require.NoError(t, err)
+	p.Start()
+	h.p, h.srv = p, httptest.NewServer(p)
+	defer func() { p.Close(); h.srv.Close() }()
+
+	resp, err := h.send(context.Background(), t, "critical", `{"prompt":"x"}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	require.Equal(t, reasonBackendError, resp.Header.Get(ReasonHeader))
+	band, code, reason := h.nextFinish(t)
+	require.Equal(t, [3]any{0, http.StatusBadGateway, reasonBackendError}, [3]any{band, code, reason})
+	require.Equal(t, int64(0), p.Controller().InFlight())
+	require.Equal(t, []int64{0}, p.InFlight())
+
+	resp, err = h.send(context.Background(), t, "critical", `{"prompt":"`+strings.Repeat("x", 100)+`"}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	require.Equal(t, reasonTooLarge, resp.Header.Get(ReasonHeader))
+	require.Equal(t, uint64(1), p.Controller().Stats().Bands[0].Dispatched) // the 413 never queued
+}
+
+func TestNewProxyValidates(t *testing.T) {
+	_, err := NewProxy(Options{Config: DefaultConfig(), Backends: []string{"ftp://x"}})
+	require.ErrorContains(t, err, "proxy: backends[0]")
+	_, err = NewProxy(Options{Config: DefaultConfig(), Backends: []string{"http://a:1", "http://a:1/"}})
+	require.ErrorContains(t, err, "listed twice")
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyRef{Type: "nope"}
+	_, err = NewProxy(Options{Config: cfg, Backends: []string{"http://a:1"}})
+	require.ErrorContains(t, err, "proxy: policy")
+}
