@@ -264,15 +264,26 @@ func BenchmarkRingStall(b *testing.B) {
 			}
 		})
 	}
+	// maxStall is the longest run of failed TryPops that began while Len
+	// was above 0, i.e. while the head cell was claimed but unpublished.
+	var maxStall int64
 	for i := range waits {
 		var it stamped
+		var stallFrom int64 = -1
 		for {
 			var ok bool
 			if it, ok = r.TryPop(); ok {
 				break
 			}
+			if stallFrom < 0 && r.Len() > 0 {
+				stallFrom = int64(time.Since(base))
+			}
 		}
-		waits[i] = int64(time.Since(base)) - it.at
+		now := int64(time.Since(base))
+		waits[i] = now - it.at
+		if stallFrom >= 0 {
+			maxStall = max(maxStall, now-stallFrom)
+		}
 		acks[it.producer].taken.Store(true)
 	}
 	wg.Wait()
@@ -283,6 +294,7 @@ func BenchmarkRingStall(b *testing.B) {
 	b.ReportMetric(q(0.99), "p99-wait-ns")
 	b.ReportMetric(q(0.999), "p99.9-wait-ns")
 	b.ReportMetric(float64(waits[len(waits)-1]), "max-wait-ns")
+	b.ReportMetric(float64(maxStall), "max-stall-ns")
 }
 
 // ---- flowcontrol ----
