@@ -8,8 +8,9 @@ import (
 )
 
 // MaxCapacity is the largest capacity NewRing accepts. It keeps the cell
-// array addressable on every platform and the turn arithmetic far from
-// overflow; a flow-control queue anywhere near it is a configuration error.
+// array addressable on 32-bit platforms and the signed turn differences (at
+// most 2·Cap apart) far from overflow; a flow-control queue anywhere near it
+// is a configuration error.
 const MaxCapacity = 1 << 30
 
 // ErrCapacity is wrapped by the panic of NewRing and the error of
@@ -53,14 +54,16 @@ type cell[T any] struct {
 // lowers the pop side to one store per item plus one CAS per batch.
 //
 // Preemption stall: a producer that has claimed a cell but not yet published
-// it (for example, because the scheduler preempted it between the two steps)
-// makes consumers see the ring as empty at that cell until it runs again, even
-// if later cells are full. FIFO order is kept at the price of that stall,
-// which lasts as long as the producer waits for a CPU: with many more
-// producer goroutines than cores it shows up in the tail of the time items
-// wait (see BenchmarkRingStall in the module's bench_test.go). A consumer
-// must therefore treat a failed TryPop as "nothing available now", not as
-// "the ring is empty" (Len tells those apart).
+// it (because the Go scheduler or the OS descheduled it between the two
+// steps) makes consumers see the ring as empty at that cell until it runs
+// again, even if later cells are full. FIFO order is kept at the price of
+// that stall, which lasts as long as the producer waits for a CPU, up to a
+// scheduler time slice: with 64 producer goroutines on 2 cores, items wait a
+// median of well under a microsecond but milliseconds at p99.9 (see
+// BenchmarkRingStall in the module's bench_test.go). A consumer must
+// therefore treat a failed TryPop as "nothing available now", not as "the
+// ring is empty" (Len tells those apart), and should not spin on it: a
+// spinning consumer takes the CPU the stalled producer needs.
 type Ring[T any] struct {
 	_     cacheLinePad
 	enq   atomic.Uint64 // next position to push; written only by producers
@@ -173,7 +176,8 @@ func (r *Ring[T]) TryPop() (T, bool) {
 
 // TryPopN removes up to len(dst) of the oldest items, stores them in order at
 // the front of dst and returns how many it removed; 0 means the ring is empty
-// (or its oldest cell is still being published). It never blocks.
+// (or its oldest cell is still being published) or dst is empty. It never
+// blocks.
 //
 // The items are claimed with a single compare-and-swap on the dequeue
 // position: the consumer counts the run of published cells from that position
