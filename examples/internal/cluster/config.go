@@ -1,0 +1,116 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flowgate/flowgate/examples/internal/vllm"
+	"github.com/flowgate/flowgate/examples/internal/workload"
+	"github.com/flowgate/flowgate/flowcontrol"
+)
+
+// ErrInvalidConfig is wrapped by every error Run returns for a bad Config.
+var ErrInvalidConfig = errors.New("cluster: invalid config")
+
+// Policy names as the CLI and the JSON output spell them.
+const (
+	Static         = "static"
+	SoftReflective = "soft-reflective"
+)
+
+// Config is one experiment. Zero values of optional fields take the defaults noted.
+type Config struct {
+	Workload workload.Workload
+	QPS      float64       // offered load, requests/s over all gateways (> 0)
+	Policy   string        // Static or SoftReflective
+	Duration time.Duration // arrival window (> 0)
+	// DrainLimit bounds the virtual time after the window during which the pool may
+	// finish what it holds. 0 means 20·Duration (in practice, until empty).
+	DrainLimit time.Duration
+	Seed       uint64
+	Replicas   int           // vLLM replicas (0 = 2)
+	Gateways   int           // independent dispatchers sharing the pool (0 = 1)
+	Tick       time.Duration // dispatcher tick (0 = flowcontrol.DefaultTick)
+	Burst      int           // items per open band per tick (0 = flowcontrol.DefaultBurst)
+	Credit     bool          // count dispatched-but-invisible requests as waiting
+	Scrape     time.Duration // metrics scrape interval (0 = 50 ms)
+	CV         float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity   int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica    vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
+	// (0 = 4096); see the package README section on tick skipping.
+	CatchUp int
+
+	// noSkip makes every gateway tick on every tick of the run (tests compare it with
+	// the skipping loop, which must give the same result).
+	noSkip bool
+	// onTick, if set, is called after every tick the dispatcher runs, with the
+	// saturation the tick was accounted at (tests).
+	onTick func(s *sim, g *gateway, sat float64)
+}
+
+// Defaults returns cfg with every zero optional field set.
+func (c Config) withDefaults() Config {
+	if c.DrainLimit == 0 {
+		c.DrainLimit = 20 * c.Duration
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 2
+	}
+	if c.Gateways == 0 {
+		c.Gateways = 1
+	}
+	if c.Tick == 0 {
+		c.Tick = flowcontrol.DefaultTick
+	}
+	if c.Burst == 0 {
+		c.Burst = flowcontrol.DefaultBurst
+	}
+	if c.Scrape == 0 {
+		c.Scrape = 50 * time.Millisecond
+	}
+	if c.CV < 0 {
+		c.CV = workload.DefaultCV
+	}
+	if c.Capacity == 0 && c.Gateways > 0 && c.QPS > 0 {
+		// Big enough that no run rejects (the "queues big enough"), without
+		// allocating a huge ring for a short run.
+		c.Capacity = max(1024, int(min(2*c.QPS/float64(c.Gateways)*c.Duration.Seconds(), 1<<24)))
+	}
+	if c.Replica.TotalBlocks == 0 {
+		c.Replica = vllm.DefaultConfig()
+	}
+	if c.CatchUp == 0 {
+		c.CatchUp = 4096
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case !(c.QPS > 0):
+		return fmt.Errorf("%w: QPS %v must be > 0", ErrInvalidConfig, c.QPS)
+	case c.Policy != Static && c.Policy != SoftReflective:
+		return fmt.Errorf("%w: Policy %q must be %q or %q", ErrInvalidConfig, c.Policy, Static, SoftReflective)
+	case c.Duration <= 0:
+		return fmt.Errorf("%w: Duration %v must be > 0", ErrInvalidConfig, c.Duration)
+	case c.DrainLimit < 0:
+		return fmt.Errorf("%w: DrainLimit %v must be >= 0", ErrInvalidConfig, c.DrainLimit)
+	case c.Replicas < 1:
+		return fmt.Errorf("%w: Replicas %d must be >= 1", ErrInvalidConfig, c.Replicas)
+	case c.Gateways < 1:
+		return fmt.Errorf("%w: Gateways %d must be >= 1", ErrInvalidConfig, c.Gateways)
+	case c.Tick < 0:
+		return fmt.Errorf("%w: Tick %v must be >= 0", ErrInvalidConfig, c.Tick)
+	case c.Burst < 0:
+		return fmt.Errorf("%w: Burst %d must be >= 0", ErrInvalidConfig, c.Burst)
+	case c.Scrape < 0:
+		return fmt.Errorf("%w: Scrape %v must be >= 0", ErrInvalidConfig, c.Scrape)
+	case c.Capacity < 0:
+		return fmt.Errorf("%w: Capacity %d must be >= 0", ErrInvalidConfig, c.Capacity)
+	case c.CatchUp < 0:
+		return fmt.Errorf("%w: CatchUp %d must be >= 0", ErrInvalidConfig, c.CatchUp)
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package cluster
+
+import (
+	"slices"
+	"time"
+)
+
+// Class holds the measurements of one band's requests.
+type Class struct {
+	Requests  int     // arrivals in the window
+	Completed int     // finished (within the drain limit)
+	Rejected  int     // refused by the gateway (queue full); expiries are off
+	TTFTp50   float64 // ms, over requests that got a first token
+	TTFTp99   float64
+	E2Ep50    float64 // ms, over completed requests
+	E2Ep99    float64
+	// Throughput is completions per second inside the arrival window: requests that
+	// finished by the end of the window, over its length (goodput while load is offered).
+	Throughput float64
+}
+
+// Result is one experiment's outcome.
+type Result struct {
+	Workload  string
+	QPS       float64
+	Policy    string
+	Seed      uint64
+	Critical  Class
+	Sheddable Class
+	// Shares of the window's ticks (summed over gateways) the sheddable band spent in the
+	// dead zone (Every 1), the proportional regime (Every > 1) and the hard block.
+	ShareDeadZone, ShareProportional, ShareHardBlock float64
+	MeanSaturation                                   float64 // mean over the window's ticks
+	Preemptions                                      uint64
+	Steps                                            uint64
+	MaxGatewayQueue                                  int
+	Unfinished                                       int // requests left when the drain limit hit
+}
+
+// Percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted xs, 0 if empty.
+func Percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*p+0.999999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func (s *sim) result() Result {
+	for _, g := range s.gws {
+		s.account(g, s.winTicks)
+	}
+	res := Result{Workload: s.cfg.Workload.Name, QPS: s.cfg.QPS, Policy: s.cfg.Policy, Seed: s.cfg.Seed,
+		Preemptions: s.preempts, Steps: s.steps}
+	var ttft, e2e [2][]float64
+	var cls [2]*Class = [2]*Class{&res.Critical, &res.Sheddable}
+	for i := range s.reqs {
+		q := &s.reqs[i]
+		c := 1
+		if q.critical {
+			c = 0
+		}
+		cl := cls[c]
+		cl.Requests++
+		if q.rejected {
+			cl.Rejected++
+			continue
+		}
+		if q.first >= 0 {
+			ttft[c] = append(ttft[c], ms(q.first-q.arrive))
+		}
+		if q.done >= 0 {
+			cl.Completed++
+			e2e[c] = append(e2e[c], ms(q.done-q.arrive))
+			if q.done <= s.window {
+				cl.Throughput++
+			}
+		} else {
+			res.Unfinished++
+		}
+	}
+	for c := range 2 {
+		slices.Sort(ttft[c])
+		slices.Sort(e2e[c])
+		cl := cls[c]
+		cl.TTFTp50, cl.TTFTp99 = Percentile(ttft[c], 0.5), Percentile(ttft[c], 0.99)
+		cl.E2Ep50, cl.E2Ep99 = Percentile(e2e[c], 0.5), Percentile(e2e[c], 0.99)
+		cl.Throughput /= time.Duration(s.window).Seconds()
+	}
+	var total, satSum float64
+	var reg [3]float64
+	for _, g := range s.gws {
+		for i := range reg {
+			reg[i] += float64(g.regime[i])
+		}
+		satSum += g.satSum
+		res.MaxGatewayQueue = max(res.MaxGatewayQueue, g.maxQueued)
+	}
+	total = reg[0] + reg[1] + reg[2]
+	if total > 0 {
+		res.ShareDeadZone, res.ShareProportional, res.ShareHardBlock = reg[0]/total, reg[1]/total, reg[2]/total
+		res.MeanSaturation = satSum / total
+	}
+	return res
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func runArgs(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	require.NoError(t, run(args, &out, &errb), errb.String())
+	return out.String()
+}
+
+func TestSameSeedSameBytes(t *testing.T) {
+	dir := t.TempDir()
+	args := func(svg string) []string {
+		return []string{"-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "3", "-quiet",
+			"-plot", filepath.Join(dir, svg)}
+	}
+	a := runArgs(t, args("a.svg")...)
+	b := runArgs(t, append(args("b.svg"), "-parallel", "1")...)
+	require.Equal(t, a, b, "same seed, same output, whatever the parallelism")
+	sa, err := os.ReadFile(filepath.Join(dir, "a.svg"))
+	require.NoError(t, err)
+	sb, err := os.ReadFile(filepath.Join(dir, "b.svg"))
+	require.NoError(t, err)
+	require.Equal(t, sa, sb)
+	require.True(t, bytes.HasPrefix(sa, []byte("<svg")))
+	require.Contains(t, a, "| codegen | 16 |")
+	c := runArgs(t, "-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "4", "-quiet")
+	require.NotEqual(t, a, c)
+}
+
+func TestJSONKeys(t *testing.T) {
+	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, "one object per (workload, qps, policy)")
+	want := []string{"workload", "qps", "policy", "seed", "requests", "completed", "rejected",
+		"critical_ttft_p50_ms", "critical_ttft_p99_ms", "critical_e2e_p99_ms", "sheddable_ttft_p99_ms",
+		"sheddable_e2e_p99_ms", "throughput_rps", "share_dead_zone", "share_proportional", "share_hard_block"}
+	for i, l := range lines {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m))
+		require.Len(t, m, len(want))
+		for _, k := range want {
+			require.Contains(t, m, k)
+		}
+		require.Equal(t, []string{"static", "soft-reflective"}[i], m["policy"])
+		require.Equal(t, m["requests"], m["completed"])
+		require.EqualValues(t, 0, m["rejected"])
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"-workload", "poetry"}, {"-qps", "1,x"}, {"-qps", "-3"}, {"-policy", "fifo"}, {"-format", "xml"},
+		{"-duration", "0s"}, {"-gateways", "0"}, {"-burst", "-1"}, {"-step-decode-ns", "-1"}, {"extra"},
+	} {
+		var out, errb bytes.Buffer
+		require.Error(t, run(args, &out, &errb), "%v", args)
+	}
+}
+
+func TestSweepRuns(t *testing.T) {
+	out := runArgs(t, "-sweep", "-sweep-points", "chat:20", "-duration", "5s", "-quiet")
+	rows := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "| ") && !strings.HasPrefix(l, "| tick") {
+			rows++
+		}
+	}
+	require.Equal(t, 2*len(sweepTicks)*len(sweepBursts), rows, out)
+}

@@ -1,0 +1,30 @@
+package flowcontrol
+
+import "errors"
+
+// Sentinel errors. Callers branch on them with errors.Is; the errors returned
+// may wrap them with detail (the configuration field, the context's error).
+var (
+	// ErrInvalidConfig is wrapped by every configuration error of
+	// NewDispatcher, NewController and PolicyByName; the message names the
+	// offending field.
+	ErrInvalidConfig = errors.New("flowcontrol: invalid configuration")
+	// ErrUnknownBand is returned for a band outside [0, Bands).
+	ErrUnknownBand = errors.New("flowcontrol: unknown band")
+	// ErrQueueFull is returned when the band already holds Capacity items.
+	ErrQueueFull = errors.New("flowcontrol: queue full")
+	// ErrClosed is returned by Enqueue and Wait after Close, by Run once the
+	// dispatcher is closed, and is the drop reason of items still queued at
+	// Close.
+	ErrClosed = errors.New("flowcontrol: closed")
+	// ErrExpired is the outcome of an item that waited longer than its
+	// band's MaxWait.
+	ErrExpired = errors.New("flowcontrol: max wait expired")
+	// ErrCancelled is the outcome of an item whose owner gave up (its Live
+	// hook returned false; for Controller.Wait, its context ended). The
+	// error returned by Wait also wraps the context's error, so
+	// errors.Is(err, context.Canceled) works too.
+	ErrCancelled = errors.New("flowcontrol: cancelled")
+	// ErrRunning is returned by Run when another Run is already going.
+	ErrRunning = errors.New("flowcontrol: already running")
+)

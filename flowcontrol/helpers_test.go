@@ -1,0 +1,36 @@
+package flowcontrol_test
+
+import (
+	"math"
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// fakeClock is a virtual clock: Now returns what Advance made it.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) Now() time.Time               { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration)      { c.ns.Add(int64(d)) }
+func (c *fakeClock) Elapsed() time.Duration       { return time.Duration(c.ns.Load()) }
+func newFakeClock() *fakeClock                    { c := &fakeClock{}; c.ns.Store(1e9); return c }
+func (c *fakeClock) At(d time.Duration) time.Time { return time.Unix(0, 1e9+int64(d)) }
+
+// satValue is a settable saturation source.
+type satValue struct{ bits atomic.Uint64 }
+
+func (s *satValue) Set(v float64)       { s.bits.Store(math.Float64bits(v)) }
+func (s *satValue) Saturation() float64 { return math.Float64frombits(s.bits.Load()) }
+
+func newSat(v float64) *satValue { s := &satValue{}; s.Set(v); return s }
+
+// event is one outcome the dispatcher reported.
+type event struct {
+	band   int
+	item   int
+	reason error // nil = dispatched
+}
+
+// runtimeGosched yields while a test waits for other goroutines to reach a
+// state (not for time to pass).
+func runtimeGosched() { runtime.Gosched() }

@@ -1,0 +1,64 @@
+package flowcontrol
+
+import "math"
+
+// Stats is a snapshot of a dispatcher.
+//
+// Exactness: the outcome counters (Dispatched, Expired, Cancelled, Closed)
+// and Queued are exact when the dispatcher is quiescent (no Enqueue and no
+// tick in progress): then, per band, every accepted item is counted in
+// exactly one of Queued, Dispatched, Expired, Cancelled, Closed. Under
+// concurrent use each field is read atomically but fields are not read at
+// one instant, so sums may be off by the operations in flight. Gate and
+// Saturation are those of the last tick.
+type Stats struct {
+	// Saturation is the sanitised reading of the last tick (0 before the
+	// first).
+	Saturation float64
+	// Ticks counts Step calls (Run's ticks included; Poll excluded).
+	Ticks uint64
+	// Bands holds one entry per band, band 0 first.
+	Bands []BandStats
+}
+
+// BandStats is the part of Stats for one band.
+type BandStats struct {
+	Queued     int    // items accepted and not yet ended
+	Dispatched uint64 // items passed to Dispatch
+	Expired    uint64 // dropped with ErrExpired
+	Cancelled  uint64 // dropped with ErrCancelled
+	Closed     uint64 // dropped with ErrClosed
+	Rejected   uint64 // Enqueue calls refused with ErrQueueFull
+	Gate       Gate   // the gate of the last tick ({1, 1} before the first)
+}
+
+// Dropped returns the items dropped for any reason.
+func (b BandStats) Dropped() uint64 { return b.Expired + b.Cancelled + b.Closed }
+
+func floatBits(f float64) uint64 { return math.Float64bits(f) }
+
+// Stats returns a snapshot; see Stats for what is exact. It allocates the
+// Bands slice; it does not take the tick lock.
+func (d *Dispatcher[T]) Stats() Stats {
+	st := Stats{
+		Saturation: math.Float64frombits(d.saturation.Load()),
+		Ticks:      d.ticks.Load(),
+		Bands:      make([]BandStats, len(d.bands)),
+	}
+	for i := range d.bands {
+		b := &d.bands[i]
+		st.Bands[i] = BandStats{
+			Queued:     int(b.queued.Load()),
+			Dispatched: b.dispatched.Load(),
+			Expired:    b.expired.Load(),
+			Cancelled:  b.cancelled.Load(),
+			Closed:     b.closed.Load(),
+			Rejected:   b.rejected.Load(),
+			Gate: Gate{
+				Ceiling: math.Float64frombits(b.ceiling.Load()),
+				Every:   int(b.every.Load()),
+			},
+		}
+	}
+	return st
+}

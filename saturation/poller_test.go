@@ -1,0 +1,495 @@
+package saturation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+)
+
+// serve starts an httptest server for h and returns its /metrics URL.
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL + "/metrics"
+}
+
+// vllmPod serves a client_golang registry through promhttp, exactly as a
+// Go exporter would, with one engine's gauges set.
+func vllmPod(t *testing.T, waiting, running, kv float64) (string, *vllmRegistry) {
+	v := newVLLMRegistry(t, "0")
+	v.set("0", waiting, running, kv)
+	return serve(t, promhttp.HandlerFor(v.reg, promhttp.HandlerOpts{})), v
+}
+
+func text(body string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, body)
+	})
+}
+
+// hang blocks every request until the client gives up or the test ends.
+func hang(t *testing.T) http.Handler {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // runs before the server's Close
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+}
+
+// newTestPoller builds a poller closed at the end of the test. Unless the
+// test sets one, the scrape timeout is generous: a loaded CI machine running
+// the race detector must not turn a healthy pod into a timed-out one.
+func newTestPoller(t *testing.T, cfg PollerConfig) *Poller {
+	t.Helper()
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	p, err := NewPoller(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func TestPollerGenuineVLLM(t *testing.T) {
+	clk := newFakeClock()
+	a, _ := vllmPod(t, 2, 5, 0.4) // max(0.4, 0.5)  = 0.5
+	b, _ := vllmPod(t, 10, 5, 0)  // max(2, 0)      = 2
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{a, b}, Now: clk.Now})
+	assert.Equal(t, 1.0, p.Saturation(), "1 before the first poll")
+	require.NoError(t, p.Poll(context.Background()))
+	assert.InDelta(t, 1.25, p.Saturation(), 1e-12)
+
+	rs := p.Readings()
+	require.Len(t, rs, 2)
+	assert.Equal(t, a, rs[0].Endpoint)
+	assert.Equal(t, Reading{Waiting: 2, Running: 5, KVUsage: 0.4, At: clk.Now(), OK: true}, rs[0].Reading)
+	assert.InDelta(t, 0.5, rs[0].Score, 1e-12)
+	assert.True(t, rs[0].Usable)
+	assert.NoError(t, rs[0].Err)
+	assert.Equal(t, int64(1), rs[0].Scrapes)
+	assert.InDelta(t, 2, rs[1].Score, 1e-12)
+}
+
+func TestPollerBadEndpoints(t *testing.T) {
+	const okBody = "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
+	cases := []struct {
+		name    string
+		handler func(t *testing.T) http.Handler
+		wantErr error
+	}{
+		{"HTTP 500", func(*testing.T) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) })
+		}, ErrHTTPStatus},
+		{"hangs past the timeout", hang, context.DeadlineExceeded},
+		{"garbage", func(*testing.T) http.Handler { return text("\x00\x17\xff{{{ not metrics") }, ErrParse},
+		{"omits a metric", func(*testing.T) http.Handler { return text("vllm:num_requests_waiting 0\n") }, ErrMissingMetric},
+		{"NaN", func(*testing.T) http.Handler {
+			return text("vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc NaN\n")
+		}, ErrBadValue},
+		{"+Inf", func(*testing.T) http.Handler {
+			return text("vllm:num_requests_waiting +Inf\nvllm:kv_cache_usage_perc 0\n")
+		}, ErrBadValue},
+		{"-Inf", func(*testing.T) http.Handler {
+			return text("vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc -Inf\n")
+		}, ErrBadValue},
+		{"negative", func(*testing.T) http.Handler {
+			return text("vllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc 0\n")
+		}, ErrBadValue},
+		{"50 MB body", func(*testing.T) http.Handler { return huge(50 << 20) }, ErrBodyTooLarge},
+		{"refuses connections", nil, errors.New("any")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clk := newFakeClock()
+			idle := serve(t, text(okBody)) // a healthy pod alongside
+			var bad string
+			if c.handler != nil {
+				bad = serve(t, c.handler(t))
+			} else {
+				srv := httptest.NewServer(http.NotFoundHandler())
+				bad = srv.URL + "/metrics"
+				srv.Close() // nothing listens there any more
+			}
+			// Only the hanging pod needs a short timeout; the others get a
+			// generous one so that a slow (race-instrumented) parse of a
+			// 1 MiB body is not mistaken for a timeout.
+			timeout := 10 * time.Second
+			if c.wantErr == context.DeadlineExceeded {
+				timeout = 50 * time.Millisecond
+			}
+			p := newTestPoller(t, PollerConfig{
+				Endpoints:    []string{idle, bad},
+				Now:          clk.Now,
+				Timeout:      timeout,
+				MaxBodyBytes: 1 << 20,
+			})
+			err := p.Poll(context.Background())
+			require.Error(t, err)
+			if c.handler != nil {
+				assert.ErrorIs(t, err, c.wantErr)
+			}
+			assert.Contains(t, err.Error(), "saturation: scrape "+bad)
+			// The bad pod has no good reading: it scores 1, the healthy
+			// one 0, the pool their mean.
+			assert.Equal(t, 0.5, p.Saturation())
+			rs := p.Readings()
+			assert.NoError(t, rs[0].Err)
+			assert.Error(t, rs[1].Err)
+			assert.False(t, rs[1].OK)
+			assert.False(t, rs[1].Usable)
+			assert.Equal(t, 1, rs[1].Failures)
+
+			// With IgnoreStale the failed pod is left out.
+			p2 := newTestPoller(t, PollerConfig{
+				Endpoints: []string{idle, bad}, Now: clk.Now, Timeout: timeout,
+				MaxBodyBytes: 1 << 20, Scorer: Scorer{IgnoreStale: true},
+			})
+			require.Error(t, p2.Poll(context.Background()))
+			assert.Equal(t, 0.0, p2.Saturation())
+		})
+	}
+}
+
+// huge streams a syntactically valid body of n bytes (or until the client
+// hangs up).
+func huge(n int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		line := []byte("vllm:num_requests_waiting{pad=\"" + strings.Repeat("x", 200) + "\"} 1\n")
+		for sent := 0; sent < n; sent += len(line) {
+			if _, err := w.Write(line); err != nil {
+				return
+			}
+		}
+	})
+}
+
+func TestPollerBodyAtTheCap(t *testing.T) {
+	body := "vllm:num_requests_waiting 5\nvllm:kv_cache_usage_perc 0\n"
+	ep := serve(t, text(body))
+	for _, c := range []struct {
+		max  int64
+		want error
+	}{{int64(len(body)), nil}, {int64(len(body)) - 1, ErrBodyTooLarge}} {
+		p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, MaxBodyBytes: c.max})
+		err := p.Poll(context.Background())
+		if c.want == nil {
+			assert.NoError(t, err, "a body of exactly MaxBodyBytes is accepted")
+			assert.Equal(t, 1.0, p.Saturation())
+		} else {
+			assert.ErrorIs(t, err, c.want)
+		}
+	}
+}
+
+// TestPollerFlipping: a pod that alternates between good and bad keeps its
+// last good reading until it is stale; with FailFast it scores 1 at once.
+func TestPollerFlipping(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	ep := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !healthy.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, "vllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.2\n")
+	}))
+	ctx := context.Background()
+
+	clk := newFakeClock()
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now})
+	require.NoError(t, p.Poll(ctx))
+	assert.InDelta(t, 0.25, p.Saturation(), 1e-12) // max(1/5, 0.2/0.8)
+
+	healthy.Store(false)
+	clk.Advance(150 * time.Millisecond)
+	assert.ErrorIs(t, p.Poll(ctx), ErrHTTPStatus)
+	assert.InDelta(t, 0.25, p.Saturation(), 1e-12, "last good reading is 150 ms old: still used")
+	clk.Advance(51 * time.Millisecond)
+	assert.ErrorIs(t, p.Poll(ctx), ErrHTTPStatus)
+	assert.Equal(t, 1.0, p.Saturation(), "last good reading is 201 ms old: stale")
+	assert.Equal(t, 2, p.Readings()[0].Failures)
+
+	healthy.Store(true)
+	clk.Advance(time.Second)
+	require.NoError(t, p.Poll(ctx))
+	assert.InDelta(t, 0.25, p.Saturation(), 1e-12, "recovers on the next good scrape")
+	assert.Equal(t, 0, p.Readings()[0].Failures)
+
+	ff := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now, FailFast: true})
+	require.NoError(t, ff.Poll(ctx))
+	assert.InDelta(t, 0.25, ff.Saturation(), 1e-12)
+	healthy.Store(false)
+	assert.Error(t, ff.Poll(ctx))
+	assert.Equal(t, 1.0, ff.Saturation(), "FailFast: one failure scores 1")
+}
+
+func TestPollerRescoreStaleness(t *testing.T) {
+	clk := newFakeClock()
+	ep, _ := vllmPod(t, 0, 0, 0.4)
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now,
+		Scorer: Scorer{Staleness: time.Second}})
+	require.NoError(t, p.Poll(context.Background()))
+	assert.Equal(t, 0.5, p.Saturation())
+	clk.Advance(time.Second)
+	p.Rescore()
+	assert.Equal(t, 0.5, p.Saturation(), "exactly Staleness old is fresh")
+	clk.Advance(time.Nanosecond)
+	p.Rescore()
+	assert.Equal(t, 1.0, p.Saturation(), "older is stale")
+	assert.False(t, p.Readings()[0].Usable)
+}
+
+func TestPollerInFlightCredit(t *testing.T) {
+	clk := newFakeClock()
+	a, _ := vllmPod(t, 1, 2, 0) // waiting 1, running 2
+	b, _ := vllmPod(t, 0, 0, 0)
+	var mu sync.Mutex
+	inflight := map[string]int64{a: 8, b: 0}
+	p := newTestPoller(t, PollerConfig{
+		Endpoints: []string{a, b}, Now: clk.Now,
+		Scorer: Scorer{InFlightCredit: true},
+		InFlight: func(ep string) int64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return inflight[ep]
+		},
+	})
+	require.NoError(t, p.Poll(context.Background()))
+	// a: waiting' = 1 + (8 − 3) = 6 → 1.2; b: 0 → pool 0.6.
+	assert.InDelta(t, 0.6, p.Saturation(), 1e-12)
+	assert.Equal(t, int64(8), p.Readings()[0].InFlight)
+
+	// Dispatches between scrapes count at the next rescore, no I/O needed.
+	mu.Lock()
+	inflight[b] = 10
+	mu.Unlock()
+	p.Rescore()
+	assert.InDelta(t, (1.2+2)/2, p.Saturation(), 1e-12)
+}
+
+func TestPollerSetEndpoints(t *testing.T) {
+	clk := newFakeClock()
+	a, _ := vllmPod(t, 0, 0, 0)
+	b, _ := vllmPod(t, 0, 0, 0.8)
+	p := newTestPoller(t, PollerConfig{Now: clk.Now})
+	assert.Equal(t, 1.0, p.Saturation(), "empty pool")
+	require.NoError(t, p.Poll(context.Background()), "polling no endpoints is fine")
+	assert.Equal(t, 1.0, p.Saturation(), "empty pool after a round")
+
+	require.NoError(t, p.SetEndpoints([]string{a, a}))
+	assert.Equal(t, []string{a}, p.Endpoints(), "duplicates merged")
+	require.NoError(t, p.Poll(context.Background()))
+	assert.Equal(t, 0.0, p.Saturation())
+
+	require.NoError(t, p.SetEndpoints([]string{a, b}))
+	assert.Equal(t, 0.5, p.Saturation(), "a new pod scores 1 until scraped; a keeps its reading")
+	require.NoError(t, p.Poll(context.Background()))
+	assert.Equal(t, 0.5, p.Saturation(), "b scraped: (0 + 1)/2")
+
+	for _, bad := range []string{"", "localhost:80/metrics", "ftp://x/metrics", "http://", "http://[::1"} {
+		err := p.SetEndpoints([]string{a, bad})
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%q", bad)
+	}
+	assert.Equal(t, []string{a, b}, p.Endpoints(), "a failed SetEndpoints changes nothing")
+
+	require.NoError(t, p.SetEndpoints(nil))
+	assert.Equal(t, 1.0, p.Saturation())
+	assert.Empty(t, p.Readings())
+}
+
+func TestPollerDefaults(t *testing.T) {
+	p, err := NewPoller(PollerConfig{})
+	require.NoError(t, err)
+	defer p.Close()
+	assert.Equal(t, DefaultInterval, p.cfg.Interval)
+	assert.Equal(t, DefaultTimeout, p.cfg.Timeout)
+	assert.Equal(t, int64(DefaultMaxBodyBytes), p.cfg.MaxBodyBytes)
+	assert.Equal(t, VLLM(), p.cfg.Metrics)
+	assert.NotNil(t, p.cfg.Client)
+	assert.NotNil(t, p.cfg.Now)
+	assert.Equal(t, 1.0, p.Saturation())
+}
+
+func TestNewPollerValidation(t *testing.T) {
+	cases := map[string]PollerConfig{
+		"Interval":            {Interval: -1},
+		"Timeout":             {Timeout: -1},
+		"MaxBodyBytes":        {MaxBodyBytes: -1},
+		"QueueDepthThreshold": {Scorer: Scorer{QueueDepthThreshold: -2}},
+		"InFlight":            {Scorer: Scorer{InFlightCredit: true}},
+		"KVUsage":             {Metrics: MetricNames{Waiting: []string{"w"}}},
+		"endpoint 0":          {Endpoints: []string{"not a url"}},
+	}
+	for field, cfg := range cases {
+		_, err := NewPoller(cfg)
+		assert.ErrorIs(t, err, ErrInvalidConfig, field)
+		assert.ErrorContains(t, err, field)
+	}
+}
+
+// TestPollerCancelledPoll: cancelling the caller's context ends a round stuck
+// on a hanging pod at once, without waiting for Timeout.
+func TestPollerCancelledPoll(t *testing.T) {
+	ep := serve(t, hang(t))
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Timeout: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() { errc <- p.Poll(ctx) }()
+	cancel()
+	err := <-errc
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, 1.0, p.Saturation())
+}
+
+// counting wraps a handler and reports each request on hits.
+func counting(h http.Handler, hits chan<- struct{}) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		select {
+		case hits <- struct{}{}:
+		default:
+		}
+	})
+}
+
+func TestPollerStartClose(t *testing.T) {
+	hits := make(chan struct{})
+	ep := serve(t, counting(text("vllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0\n"), hits))
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Interval: time.Millisecond})
+	require.NoError(t, p.Start())
+	assert.ErrorIs(t, p.Start(), ErrRunning)
+	assert.ErrorIs(t, p.Run(context.Background()), ErrRunning)
+	<-hits
+	<-hits // the second request starts after the first round has been scored
+	assert.InDelta(t, 0.2, p.Saturation(), 1e-12)
+	require.NoError(t, p.Close())
+	assert.Equal(t, 1.0, p.Saturation(), "a stopped poller is fail safe")
+	require.NoError(t, p.Close(), "Close is idempotent")
+
+	require.NoError(t, p.Start(), "restartable")
+	<-hits
+	<-hits
+	assert.InDelta(t, 0.2, p.Saturation(), 1e-12)
+	require.NoError(t, p.Close())
+}
+
+func TestPollerRun(t *testing.T) {
+	hits := make(chan struct{})
+	ep := serve(t, counting(text("vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.6\n"), hits))
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Interval: time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() { errc <- p.Run(ctx) }()
+	for i := 0; i < 3; i++ {
+		<-hits
+	}
+	assert.InDelta(t, 0.75, p.Saturation(), 1e-12)
+	cancel()
+	assert.ErrorIs(t, <-errc, context.Canceled)
+	assert.Equal(t, 1.0, p.Saturation())
+}
+
+// TestPollerConcurrentUse: readers of Saturation and Readings, SetEndpoints
+// and rounds all at once (run with -race). Every value read is in range and
+// is one the rules allow: a mean of 0 (a), 1 (b: 5 waiting) and 1 (failed or
+// new) over the current pods.
+func TestPollerConcurrentUse(t *testing.T) {
+	a, _ := vllmPod(t, 0, 0, 0)
+	b, _ := vllmPod(t, 5, 0, 0)
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond, Timeout: 10 * time.Second})
+	require.NoError(t, p.Start())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s := p.Saturation()
+				if s != 0 && s != 0.5 && s != 1 {
+					bad.Inc()
+				}
+				for _, r := range p.Readings() {
+					if !inRange(r.Score) {
+						bad.Inc()
+					}
+				}
+			}
+		}()
+	}
+	sets := [][]string{{a}, {a, b}, {b}, nil, {b, a}}
+	for i := 0; i < 50*scale(); i++ {
+		require.NoError(t, p.SetEndpoints(sets[i%len(sets)]))
+		require.NoError(t, p.Poll(context.Background()))
+	}
+	close(stop)
+	wg.Wait()
+	require.NoError(t, p.Close())
+	assert.Zero(t, bad.Load())
+}
+
+func TestPollerScoresNeverBad(t *testing.T) {
+	// Whatever a pod serves, the pool value stays in range (complements
+	// FuzzParse over real HTTP).
+	bodies := append(fuzzSeeds(t), "vllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc 1e300\n")
+	eps := make([]string, len(bodies))
+	for i, b := range bodies {
+		eps[i] = serve(t, text(b))
+	}
+	p := newTestPoller(t, PollerConfig{Endpoints: eps})
+	_ = p.Poll(context.Background())
+	s := p.Saturation()
+	assert.True(t, inRange(s) && !math.IsNaN(s), "%v", s)
+	assert.Greater(t, s, 0.0)
+}
+
+// TestReadsAllocFree: what a dispatcher reads each tick never allocates.
+// (The root BenchmarkSaturation measures the same with a poller running; its
+// allocations per op are process-wide, so only this test isolates the read.)
+func TestReadsAllocFree(t *testing.T) {
+	ep, _ := vllmPod(t, 1, 1, 0.5)
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}})
+	require.NoError(t, p.Poll(context.Background()))
+	var v Value
+	v.Set(0.3)
+	inflight, err := NewInFlight(8)
+	require.NoError(t, err)
+	e, err := NewEWMA(Max(p, &v, inflight), time.Second, nil)
+	require.NoError(t, err)
+	srcs := map[string]Source{"poller": p, "value": &v, "inflight": inflight,
+		"max": Max(p, &v, inflight), "mean": Mean(p, &v), "ewma": e,
+		"func": Func(func() float64 { return 0.5 })}
+	for name, s := range srcs {
+		var sink float64
+		allocs := testing.AllocsPerRun(200, func() {
+			sink += s.Saturation()
+			inflight.Inc()
+			inflight.Dec()
+		})
+		assert.Zero(t, allocs, name)
+		assert.True(t, inRange(sink/201), name)
+	}
+}

@@ -1,0 +1,185 @@
+package saturation
+
+import (
+	"fmt"
+	"time"
+)
+
+// Scorer defaults, from the reference gateway (see Scorer).
+const (
+	DefaultQueueDepthThreshold = 5
+	DefaultKVUtilThreshold     = 0.8
+	DefaultStaleness           = 200 * time.Millisecond
+)
+
+// Reading is one pod's metrics as the scorer sees them. The Poller fills it
+// from a scrape; a simulator fills it from its model with virtual time.
+type Reading struct {
+	// Waiting is the number of requests queued in the model server
+	// (vllm:num_requests_waiting; includes preempted requests).
+	Waiting float64
+	// Running is the number of requests in the running batch
+	// (vllm:num_requests_running). Used only for the in-flight credit.
+	Running float64
+	// KVUsage is the fraction of KV-cache blocks in use, normally 0..1
+	// (vllm:kv_cache_usage_perc). Values above 1 are scored, not rejected.
+	KVUsage float64
+	// InFlight is the number of requests this host has sent to the pod
+	// and not yet seen finish. Used only when Scorer.InFlightCredit is set.
+	InFlight int64
+	// At is when the metrics were taken (for a scrape: when the response
+	// arrived). Staleness is measured from it, so a reading with OK true
+	// and a zero At is stale.
+	At time.Time
+	// OK reports that the reading holds a good scrape. A pod never
+	// scraped successfully has OK false and scores as failed.
+	OK bool
+}
+
+// Scorer turns pod readings into a saturation, the reference gateway's
+// formula by default:
+//
+//	pod  = max(waiting' / QueueDepthThreshold, kv / KVUtilThreshold)
+//	pool = unweighted mean of pod over the pods
+//
+// where waiting' = waiting + max(0, inflight − (waiting + running)) when
+// InFlightCredit is set (requests dispatched but not yet visible in the
+// metrics count as waiting) and waiting' = waiting otherwise.
+//
+// Its methods are pure (no I/O, no clock: now is an argument), allocation-free
+// and safe for concurrent use, so a simulator can score with virtual time.
+// The zero value is the reference configuration: a zero field takes its
+// default.
+//
+// Rules for a pod (each yields a value in [0, MaxSaturation], never NaN):
+//
+//	OK false (no good scrape yet, or failed)        -> 1 (failed)
+//	now − At > Staleness                            -> 1 (failed)
+//	Waiting, Running or KVUsage NaN or negative     -> 1 (failed)
+//	Waiting or KVUsage +Inf, or score > MaxSat.     -> MaxSaturation
+//	InFlight negative                               -> treated as 0
+//	At in the future (clock skew)                   -> fresh
+//
+// With IgnoreStale, failed pods are left out of the pool mean instead of
+// scoring 1. A pool with no pods, or whose pods are all left out, is 1 (fail
+// safe: no information is not "idle").
+type Scorer struct {
+	// QueueDepthThreshold is the waiting count that alone makes a pod
+	// saturated (1.0). Zero means DefaultQueueDepthThreshold (5).
+	QueueDepthThreshold float64
+	// KVUtilThreshold is the KV-cache usage that alone makes a pod
+	// saturated. Zero means DefaultKVUtilThreshold (0.8).
+	KVUtilThreshold float64
+	// Staleness is the age beyond which a reading counts as failed. Zero
+	// means DefaultStaleness (200 ms).
+	Staleness time.Duration
+	// IgnoreStale leaves failed and stale pods out of the pool mean
+	// instead of scoring them 1.
+	IgnoreStale bool
+	// InFlightCredit adds max(0, InFlight − (Waiting + Running)) to Waiting.
+	InFlightCredit bool
+}
+
+// Validate reports a negative, NaN or infinite threshold or a negative
+// staleness as an ErrInvalidConfig error naming the field. Pod and Pool never
+// fail: they treat such a field as its default.
+func (s Scorer) Validate() error {
+	if !(s.QueueDepthThreshold >= 0) || s.QueueDepthThreshold > maxFinite {
+		return fmt.Errorf("%w: Scorer.QueueDepthThreshold must be a finite value >= 0 (0 = default %v), got %v",
+			ErrInvalidConfig, DefaultQueueDepthThreshold, s.QueueDepthThreshold)
+	}
+	if !(s.KVUtilThreshold >= 0) || s.KVUtilThreshold > maxFinite {
+		return fmt.Errorf("%w: Scorer.KVUtilThreshold must be a finite value >= 0 (0 = default %v), got %v",
+			ErrInvalidConfig, DefaultKVUtilThreshold, s.KVUtilThreshold)
+	}
+	if s.Staleness < 0 {
+		return fmt.Errorf("%w: Scorer.Staleness must be >= 0 (0 = default %v), got %v",
+			ErrInvalidConfig, DefaultStaleness, s.Staleness)
+	}
+	return nil
+}
+
+const maxFinite = 1.7976931348623157e308
+
+// withDefaults returns s with every zero or invalid field replaced by its
+// default.
+func (s Scorer) withDefaults() Scorer {
+	if !(s.QueueDepthThreshold > 0) || s.QueueDepthThreshold > maxFinite {
+		s.QueueDepthThreshold = DefaultQueueDepthThreshold
+	}
+	if !(s.KVUtilThreshold > 0) || s.KVUtilThreshold > maxFinite {
+		s.KVUtilThreshold = DefaultKVUtilThreshold
+	}
+	if s.Staleness <= 0 {
+		s.Staleness = DefaultStaleness
+	}
+	return s
+}
+
+// Pod returns the saturation of one pod at time now (see Scorer for the
+// rules). A failed or stale pod scores 1 here even with IgnoreStale; use
+// Usable to tell whether Pool would count it.
+func (s Scorer) Pod(r Reading, now time.Time) float64 {
+	s = s.withDefaults()
+	if !s.fresh(r, now) {
+		return 1
+	}
+	return s.score(r)
+}
+
+// Usable reports whether the reading is a good, fresh scrape with sane
+// values — whether Pool counts it on its merits rather than as failed.
+func (s Scorer) Usable(r Reading, now time.Time) bool {
+	return s.withDefaults().fresh(r, now)
+}
+
+// Pool returns the unweighted mean of Pod over rs at time now; 1 when rs is
+// empty, or when IgnoreStale is set and no pod is usable.
+func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
+	s = s.withDefaults()
+	sum, n := 0.0, 0
+	for i := range rs {
+		r := &rs[i]
+		if !s.fresh(*r, now) {
+			if s.IgnoreStale {
+				continue
+			}
+			sum++
+		} else {
+			sum += s.score(*r)
+		}
+		n++
+	}
+	if n == 0 {
+		return 1
+	}
+	// Every term is in [0, MaxSaturation]: the sum cannot overflow.
+	return Sanitize(sum / float64(n))
+}
+
+// fresh: a good scrape, no older than Staleness, with sane values.
+func (s Scorer) fresh(r Reading, now time.Time) bool {
+	if !r.OK || now.Sub(r.At) > s.Staleness {
+		return false
+	}
+	return !isBad(r.Waiting) && !isBad(r.Running) && !isBad(r.KVUsage)
+}
+
+// score applies the formula to a fresh reading (s has its defaults).
+func (s Scorer) score(r Reading) float64 {
+	waiting := r.Waiting
+	if s.InFlightCredit && r.InFlight > 0 {
+		// Dispatched requests the metrics do not show yet. With Running
+		// or Waiting +Inf the credit is 0, never NaN (Inf − Inf is not
+		// computed: the comparison short-circuits).
+		if visible := r.Waiting + r.Running; float64(r.InFlight) > visible {
+			waiting += float64(r.InFlight) - visible
+		}
+	}
+	q := waiting / s.QueueDepthThreshold
+	kv := r.KVUsage / s.KVUtilThreshold
+	if kv > q {
+		q = kv
+	}
+	return Sanitize(q)
+}
