@@ -112,6 +112,9 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 		Dispatch: c.onDispatch,
 		OnDrop:   c.onDrop,
 		Live:     c.claim,
+		Abandoned: func(t *ticket) bool {
+			return t.state.Load() == stateCancelled
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -168,11 +171,10 @@ func (c *Controller) onDrop(_ int, t *ticket, reason error) {
 // Exactly one of these is returned per call. In steady state a released Wait
 // allocates once (the done func).
 //
-// A Wait cancelled while queued returns at once, but its ticket keeps its
-// place (and its slot of Capacity) until the dispatcher reaches it: when the
-// band next opens, when it expires, or at Close. The dispatcher then skips
-// it without spending the band's burst and counts it in Stats as cancelled,
-// whichever way it reached it, so Stats adds up to the errors Wait returned.
+// A Wait cancelled while queued returns at once; its place (its slot of
+// Capacity) is freed at the dispatcher's next tick — at once under Run —
+// even if the band is gated, without spending the band's burst. Stats counts
+// it as cancelled, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)
@@ -187,8 +189,11 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 	case <-t.ch:
 	case <-ctx.Done():
 		if t.state.CompareAndSwap(stateWaiting, stateCancelled) {
-			// The dispatcher will find the ticket dead, skip it
-			// without spending the band's burst, and recycle it.
+			// The dispatcher removes the ticket at its next tick
+			// (or at once, under Run), freeing its place even in a
+			// gated band, and recycles it. The ticket must not be
+			// touched after Abandon: it may already be reused.
+			c.d.Abandon(band)
 			return noop, fmt.Errorf("%w: %w", ErrCancelled, ctx.Err())
 		}
 		<-t.ch // the dispatcher won; its signal is on its way

@@ -244,3 +244,40 @@ func TestControllerStress(t *testing.T) {
 	t.Logf("outcomes nil/cancelled/expired/full/closed: %d/%d/%d/%d/%d",
 		outcomes[0].Load(), outcomes[1].Load(), outcomes[2].Load(), outcomes[3].Load(), outcomes[4].Load())
 }
+
+// A Wait cancelled in a hard-blocked band gives its place back at the next
+// tick: a new waiter fits although the band never opened, and Stats counts
+// the first as cancelled. Without Abandon the place would stay taken until
+// the band opened.
+func TestControllerCancelledWaiterFreesPlaceInBlockedBand(t *testing.T) {
+	c := newTestController(t, flowcontrol.ControllerConfig{
+		Bands: 2, Capacity: 1, Source: newSat(5), // sheddable hard-blocked
+	})
+	defer c.Close()
+	c.Step()
+	ctx, cancel := context.WithCancel(context.Background())
+	first := goWait(c, ctx, 1)
+	waitQueued(c, 1, 1)
+	if _, err := c.Wait(context.Background(), 1); !errors.Is(err, flowcontrol.ErrQueueFull) {
+		t.Fatalf("second Wait while the first is queued = %v, want ErrQueueFull", err)
+	}
+	cancel()
+	if res := <-first; !errors.Is(res.err, flowcontrol.ErrCancelled) {
+		t.Fatalf("first Wait = %v, want ErrCancelled", res.err)
+	}
+	c.Step() // still blocked: saturation 5
+	st := c.Stats().Bands[1]
+	if st.Queued != 0 || st.Cancelled != 1 || st.Dispatched != 0 || st.Gate.Every != 0 {
+		t.Fatalf("after the tick: %+v, want the place freed, 1 cancelled, band blocked", st)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	second := goWait(c, ctx2, 1)
+	waitQueued(c, 1, 1) // it fits: the place was given back
+	cancel2()
+	if res := <-second; !errors.Is(res.err, flowcontrol.ErrCancelled) {
+		t.Fatalf("second Wait = %v", res.err)
+	}
+	if rej := c.Stats().Bands[1].Rejected; rej != 1 {
+		t.Fatalf("rejected %d, want 1", rej)
+	}
+}

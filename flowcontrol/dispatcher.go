@@ -59,6 +59,15 @@ type DispatcherConfig[T any] struct {
 	// its state) makes the choice between the dispatcher's outcome and the
 	// owner's cancellation race free; this is how Controller uses it.
 	Live func(item T) bool
+	// Abandoned, if set, reports whether an item's owner has given up on
+	// it, without side effects (it may be called many times per item, and
+	// must agree with Live: an abandoned item's Live returns false). It
+	// lets a band free the places of abandoned items before it reaches
+	// them: after Abandon(band), the next tick (or Poll) removes every
+	// abandoned item from that band, ending it with OnDrop(ErrCancelled).
+	// Without it, an abandoned item keeps its place until the dispatcher
+	// reaches it — which, in a hard-blocked band, may be a long time.
+	Abandoned func(item T) bool
 	// Now is the clock for enqueue times and expiry. Nil means time.Now.
 	// Tests and simulators pass a virtual clock and call Step.
 	Now func() time.Time
@@ -81,10 +90,9 @@ type band[T any] struct {
 	queued   atomic.Int64
 
 	// tick state
-	head    entry[T] // an item popped to look at its deadline, still queued
-	hasHead bool
-	since   int // ticks since the band last dispatched, saturating at MaxEvery
-	budget  int // items the band may still release in the current tick
+	held   held[T] // items out of the ring but still queued (see held)
+	since  int     // ticks since the band last dispatched, saturating at MaxEvery
+	budget int     // items the band may still release in the current tick
 
 	// counters: written under mu with Store (single writer), read by Stats
 	dispatched atomic.Uint64
@@ -92,6 +100,7 @@ type band[T any] struct {
 	cancelled  atomic.Uint64
 	closed     atomic.Uint64
 	rejected   atomic.Uint64 // ErrQueueFull, written by producers
+	abandoned  atomic.Int64  // Abandon calls not yet reaped
 	every      atomic.Int64
 	ceiling    atomic.Uint64 // math.Float64bits
 
@@ -120,6 +129,7 @@ type Dispatcher[T any] struct {
 	dispatch func(int, T)
 	onDrop   func(int, T, error)
 	live     func(T) bool
+	gone     func(T) bool // DispatcherConfig.Abandoned
 	now      func() time.Time
 	base     time.Time
 	burst    int
@@ -172,6 +182,7 @@ func NewDispatcher[T any](cfg DispatcherConfig[T]) (*Dispatcher[T], error) {
 		dispatch: cfg.Dispatch,
 		onDrop:   cfg.OnDrop,
 		live:     cfg.Live,
+		gone:     cfg.Abandoned,
 		now:      cfg.Now,
 		burst:    cfg.Burst,
 		tick:     cfg.Tick,
@@ -316,10 +327,62 @@ func (d *Dispatcher[T]) run(advance bool) {
 	}
 	for i := range d.bands {
 		b := &d.bands[i]
+		if b.abandoned.Load() > 0 {
+			d.reap(i, b)
+		}
 		if b.budget > 0 {
 			d.release(i, b, now)
 		}
 	}
+}
+
+// Abandon tells the dispatcher that an item queued on band has been given up
+// by its owner (DispatcherConfig.Abandoned now reports it). The next tick or
+// Poll removes the band's abandoned items, so their places are free for new
+// items even while the band is gated; Run polls at once. Without an
+// Abandoned hook, or for an unknown band, it does nothing. Safe from any
+// goroutine; it never blocks.
+func (d *Dispatcher[T]) Abandon(band int) {
+	if d.gone == nil || uint(band) >= uint(len(d.bands)) {
+		return
+	}
+	d.bands[band].abandoned.Add(1)
+	select {
+	case d.notify <- struct{}{}:
+	default:
+	}
+}
+
+// reap removes the abandoned items of band i, keeping the others in order.
+// It moves the whole band into held (the ring holds only what was pushed
+// after the last item moved, so order is kept) and costs O(queued) — paid
+// only on ticks after an Abandon, never on the dispatch path. An Abandon
+// that races with the sweep leaves its count for the next tick; a count
+// whose item was already reached makes one sweep find nothing, harmlessly.
+func (d *Dispatcher[T]) reap(i int, b *band[T]) {
+	b.abandoned.Store(0)
+	var cancelled uint64
+	keep := func(e entry[T]) {
+		if d.gone(e.item) {
+			b.queued.Add(-1)
+			d.drop(i, e.item, ErrCancelled)
+			cancelled++
+			return
+		}
+		b.held.push(e)
+	}
+	for n := b.held.n; n > 0; n-- {
+		e, _ := b.held.pop()
+		keep(e)
+	}
+	for {
+		e, ok := b.ring.TryPop()
+		if !ok {
+			break
+		}
+		keep(e)
+	}
+	b.count(0, 0, cancelled)
 }
 
 // expireHead drops the expired items at the front of a band, open or gated.
@@ -328,22 +391,17 @@ func (d *Dispatcher[T]) run(advance bool) {
 // producers may push in a slightly different order than they read the
 // clock; such an item expires when the item in front of it does, at most
 // that race window — nanoseconds — late, typically the same tick.) To look
-// at the head the dispatcher pops it into b.head, where it stays queued.
+// at the head the dispatcher moves it from the ring into b.held, where it
+// stays queued.
 func (d *Dispatcher[T]) expireHead(i int, b *band[T], now int64) {
 	var expired, cancelled uint64
 	for {
-		if !b.hasHead {
-			e, ok := b.ring.TryPop()
-			if !ok {
-				break
-			}
-			b.head, b.hasHead = e, true
-		}
-		if b.head.due == 0 || now < b.head.due {
+		head, ok := b.front()
+		if !ok || head.due == 0 || now < head.due {
 			break
 		}
-		item := b.head.item
-		b.head, b.hasHead = entry[T]{}, false
+		e, _ := b.take()
+		item := e.item
 		b.queued.Add(-1)
 		if d.drop(i, item, ErrExpired) == ErrExpired {
 			expired++
@@ -388,15 +446,9 @@ func (b *band[T]) count(sent, expired, cancelled uint64) {
 func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 	var sent, expired, cancelled uint64
 	for b.budget > 0 {
-		var e entry[T]
-		if b.hasHead {
-			e = b.head
-			b.head, b.hasHead = entry[T]{}, false
-		} else {
-			var ok bool
-			if e, ok = b.ring.TryPop(); !ok {
-				break
-			}
+		e, ok := b.take()
+		if !ok {
+			break
 		}
 		b.queued.Add(-1)
 		if e.due != 0 && now >= e.due {
@@ -468,22 +520,16 @@ func (d *Dispatcher[T]) Close() {
 		b := &d.bands[i]
 		var n, cancelled uint64
 		for {
-			var e entry[T]
-			if b.hasHead {
-				e = b.head
-				b.head, b.hasHead = entry[T]{}, false
-			} else {
-				var ok bool
-				if e, ok = b.ring.TryPop(); !ok {
-					// A producer that reserved a slot before
-					// seeing closed is still pushing: wait for it
-					// (it never blocks).
-					if b.queued.Load() == 0 {
-						break
-					}
-					runtime.Gosched()
-					continue
+			e, ok := b.take()
+			if !ok {
+				// A producer that reserved a slot before seeing
+				// closed is still pushing: wait for it (it never
+				// blocks).
+				if b.queued.Load() == 0 {
+					break
 				}
+				runtime.Gosched()
+				continue
 			}
 			b.queued.Add(-1)
 			if d.drop(i, e.item, ErrClosed) == ErrClosed {

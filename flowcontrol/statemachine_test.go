@@ -34,6 +34,7 @@ type model struct {
 	burst    int
 	closed   bool
 	dead     map[int]bool
+	pending  []bool        // Abandon called on the band since its last reap
 	outcome  map[int]error // id → outcome (nil = dispatched)
 	counts   []map[string]uint64
 }
@@ -87,6 +88,19 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 		}
 	}
 	for b := 0; b < n; b++ {
+		if m.pending[b] {
+			// Reap: every dead item leaves the band at once, in order.
+			m.pending[b] = false
+			kept := linkedlistqueue.New[modelItem]()
+			for it, ok := m.bands[b].Dequeue(); ok; it, ok = m.bands[b].Dequeue() {
+				if m.dead[it.id] {
+					m.end(b, it, flowcontrol.ErrCancelled, &ev)
+				} else {
+					kept.Enqueue(it)
+				}
+			}
+			m.bands[b] = kept
+		}
 		q := m.bands[b]
 		for m.budget[b] > 0 {
 			it, ok := q.Dequeue()
@@ -125,7 +139,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 		sat := newSat(0)
 		m := &model{
 			policy: flowcontrol.NewSoftReflective(), capacity: capacity, burst: burst, maxWait: maxWait,
-			since: make([]int, bands), budget: make([]int, bands),
+			since: make([]int, bands), budget: make([]int, bands), pending: make([]bool, bands),
 			dead: map[int]bool{}, outcome: map[int]error{},
 		}
 		for b := 0; b < bands; b++ {
@@ -136,9 +150,11 @@ func TestDispatcherStateMachine(t *testing.T) {
 		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{
 			Bands: bands, Capacity: capacity, Burst: burst, Source: sat, Now: clk.Now,
 			MaxWait: maxWait, Live: func(i int) bool { return !m.dead[i] },
+			Abandoned: func(i int) bool { return m.dead[i] },
 		}, &r)
 		next := 0
 		var queuedIDs []int
+		bandOf := map[int]int{}
 		accepted := 0
 
 		record := func(got []event) {
@@ -181,6 +197,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 					}
 					m.bands[b].Enqueue(it)
 					queuedIDs = append(queuedIDs, next)
+					bandOf[next] = b
 					accepted++
 				}
 				next++
@@ -189,7 +206,17 @@ func TestDispatcherStateMachine(t *testing.T) {
 				if len(queuedIDs) == 0 {
 					return
 				}
-				m.dead[rapid.SampledFrom(queuedIDs).Draw(t, "id")] = true
+				id := rapid.SampledFrom(queuedIDs).Draw(t, "id")
+				m.dead[id] = true
+				// Tell the dispatcher (as Controller does) or not (it
+				// then meets the item when it reaches it).
+				if rapid.Bool().Draw(t, "abandon") {
+					b := bandOf[id]
+					if !m.closed {
+						m.pending[b] = true
+					}
+					d.Abandon(b)
+				}
 			},
 			"advance": func(t *rapid.T) {
 				clk.Advance(time.Duration(rapid.IntRange(0, 3).Draw(t, "ms")) * time.Millisecond)

@@ -182,8 +182,8 @@ func TestDisconnectMidStreamReleasesSlot(t *testing.T) {
 
 // TestDisconnectWhileQueuedFreesPlace: sheddable is gated (backend reports
 // saturation 20); a queued client leaves; the proxy records the cancelled
-// outcome, and once the band opens the place is free and the next request
-// goes through.
+// outcome, the place is free at once although the band stays gated, and the
+// next request takes it and goes through when the band opens.
 func TestDisconnectWhileQueuedFreesPlace(t *testing.T) {
 	b := newStub(t, 20)
 	b.saturated.Store(true)
@@ -220,14 +220,28 @@ func TestDisconnectWhileQueuedFreesPlace(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Equal(t, reasonCancelled, reason)
 
-	// The band opens: the dead entry is skipped as cancelled, its place is
-	// free, and the next request is served.
+	// Still gated: the dispatcher reaps the dead entry at once (cancelled
+	// outcome, place given back) without waiting for the band to open.
+	eventually(t, "cancelled outcome", func() bool {
+		st := ctrl.Stats().Bands[1]
+		return st.Cancelled == 1 && st.Queued == 0
+	})
+	require.Equal(t, 0, ctrl.Stats().Bands[1].Gate.Every, "band still blocked")
+	// The freed place takes the next request, which waits until the band
+	// opens and is then served.
+	codes := make(chan int, 1)
+	go func() {
+		resp, err := h.send(context.Background(), t, "sheddable", `{"prompt":"x","max_tokens":2}`)
+		if err != nil {
+			codes <- -1
+			return
+		}
+		resp.Body.Close()
+		codes <- resp.StatusCode
+	}()
+	eventually(t, "queued in the freed place", func() bool { return ctrl.Stats().Bands[1].Queued == 1 })
 	b.saturated.Store(false)
-	eventually(t, "cancelled outcome", func() bool { return ctrl.Stats().Bands[1].Cancelled == 1 })
-	resp, err = h.send(context.Background(), t, "sheddable", `{"prompt":"x","max_tokens":2}`)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, http.StatusOK, <-codes)
 	st := ctrl.Stats().Bands[1]
 	require.Equal(t, uint64(1), st.Dispatched)
 	require.Equal(t, uint64(1), st.Cancelled)
