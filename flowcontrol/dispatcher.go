@@ -361,12 +361,10 @@ func (d *Dispatcher[T]) Abandon(band int) {
 // whose item was already reached makes one sweep find nothing, harmlessly.
 func (d *Dispatcher[T]) reap(i int, b *band[T]) {
 	b.abandoned.Store(0)
-	var cancelled uint64
 	keep := func(e entry[T]) {
 		if d.gone(e.item) {
 			b.queued.Add(-1)
-			d.drop(i, e.item, ErrCancelled)
-			cancelled++
+			d.drop(i, b, e.item, ErrCancelled)
 			return
 		}
 		b.held.push(e)
@@ -382,7 +380,6 @@ func (d *Dispatcher[T]) reap(i int, b *band[T]) {
 		}
 		keep(e)
 	}
-	b.count(0, 0, cancelled)
 }
 
 // expireHead drops the expired items at the front of a band, open or gated.
@@ -394,7 +391,6 @@ func (d *Dispatcher[T]) reap(i int, b *band[T]) {
 // at the head the dispatcher moves it from the ring into b.held, where it
 // stays queued.
 func (d *Dispatcher[T]) expireHead(i int, b *band[T], now int64) {
-	var expired, cancelled uint64
 	for {
 		head, ok := b.front()
 		if !ok || head.due == 0 || now < head.due {
@@ -403,48 +399,40 @@ func (d *Dispatcher[T]) expireHead(i int, b *band[T], now int64) {
 		e, _ := b.take()
 		item := e.item
 		b.queued.Add(-1)
-		if d.drop(i, item, ErrExpired) == ErrExpired {
-			expired++
-		} else {
-			cancelled++
-		}
+		d.drop(i, b, item, ErrExpired)
 	}
-	b.count(0, expired, cancelled)
 }
 
-// drop ends an item that is not dispatched. Live is asked first (see
-// DispatcherConfig.Live), so an item whose owner already gave up ends as
-// cancelled whatever the dispatcher found. It returns the reason the item
-// ended with.
-func (d *Dispatcher[T]) drop(i int, item T, reason error) error {
+// drop ends an item of band b that is not dispatched. Live is asked first
+// (see DispatcherConfig.Live), so an item whose owner already gave up ends
+// as cancelled whatever the dispatcher found. The band's counter is updated
+// before OnDrop runs, so an owner woken by OnDrop already sees its outcome
+// in Stats.
+func (d *Dispatcher[T]) drop(i int, b *band[T], item T, reason error) {
 	if d.live != nil && !d.live(item) {
 		reason = ErrCancelled
+	}
+	switch reason {
+	case ErrExpired:
+		bump(&b.expired)
+	case ErrCancelled:
+		bump(&b.cancelled)
+	default:
+		bump(&b.closed)
 	}
 	if d.onDrop != nil {
 		d.onDrop(i, item, reason)
 	}
-	return reason
 }
 
-// count adds a tick's outcomes to the band's counters. Only the goroutine
-// holding Dispatcher.mu writes them, so a load and a store suffice (no
-// read-modify-write atomics); Stats reads them concurrently.
-func (b *band[T]) count(sent, expired, cancelled uint64) {
-	if sent > 0 {
-		b.dispatched.Store(b.dispatched.Load() + sent)
-	}
-	if expired > 0 {
-		b.expired.Store(b.expired.Load() + expired)
-	}
-	if cancelled > 0 {
-		b.cancelled.Store(b.cancelled.Load() + cancelled)
-	}
-}
+// bump adds one to a band counter. Only the goroutine holding Dispatcher.mu
+// writes the counters, so a load and a store suffice (no read-modify-write);
+// Stats reads them concurrently.
+func bump(c *atomic.Uint64) { c.Store(c.Load() + 1) }
 
 // release sends up to b.budget live items of band i. Expired and cancelled
 // items are dropped without spending the budget.
 func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
-	var sent, expired, cancelled uint64
 	for b.budget > 0 {
 		e, ok := b.take()
 		if !ok {
@@ -452,15 +440,11 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		}
 		b.queued.Add(-1)
 		if e.due != 0 && now >= e.due {
-			if d.drop(i, e.item, ErrExpired) == ErrExpired {
-				expired++
-			} else {
-				cancelled++
-			}
+			d.drop(i, b, e.item, ErrExpired)
 			continue
 		}
 		if d.live != nil && !d.live(e.item) {
-			cancelled++
+			bump(&b.cancelled)
 			if d.onDrop != nil {
 				d.onDrop(i, e.item, ErrCancelled)
 			}
@@ -468,10 +452,10 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		}
 		b.budget--
 		b.since = 0
-		sent++
+		// Count before Dispatch wakes the owner (see drop).
+		bump(&b.dispatched)
 		d.dispatch(i, e.item)
 	}
-	b.count(sent, expired, cancelled)
 }
 
 // Run ticks at once and then every Tick on the real clock and, between
@@ -518,7 +502,6 @@ func (d *Dispatcher[T]) Close() {
 	defer d.mu.Unlock()
 	for i := range d.bands {
 		b := &d.bands[i]
-		var n, cancelled uint64
 		for {
 			e, ok := b.take()
 			if !ok {
@@ -532,14 +515,8 @@ func (d *Dispatcher[T]) Close() {
 				continue
 			}
 			b.queued.Add(-1)
-			if d.drop(i, e.item, ErrClosed) == ErrClosed {
-				n++
-			} else {
-				cancelled++
-			}
+			d.drop(i, b, e.item, ErrClosed)
 		}
-		b.closed.Store(b.closed.Load() + n)
-		b.count(0, 0, cancelled)
 		b.budget = 0
 	}
 }

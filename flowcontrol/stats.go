@@ -9,7 +9,9 @@ import "math"
 // tick in progress): then, per band, every accepted item is counted in
 // exactly one of Queued, Dispatched, Expired, Cancelled, Closed. Under
 // concurrent use each field is read atomically but fields are not read at
-// one instant, so sums may be off by the operations in flight. Gate and
+// one instant, so sums may be off by the operations in flight. An item's
+// outcome is counted before its Dispatch or OnDrop runs, so the owner of an
+// item (a Controller waiter) always finds its own outcome in Stats. Gate and
 // Saturation are those of the last tick.
 type Stats struct {
 	// Saturation is the sanitised reading of the last tick (0 before the
