@@ -397,8 +397,8 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 	}
 }
 
-// Run ticks every Tick on the real clock and, between ticks, calls Poll as
-// soon as an item is enqueued, until ctx ends (it returns ctx.Err()) or the
+// Run ticks at once and then every Tick on the real clock and, between
+// ticks, calls Poll as soon as an item is enqueued, until ctx ends (it returns ctx.Err()) or the
 // dispatcher is closed (it returns ErrClosed). Items still queued when ctx
 // ends stay queued. Only one Run may be going at a time; a second returns
 // ErrRunning.
@@ -412,6 +412,9 @@ func (d *Dispatcher[T]) Run(ctx context.Context) error {
 	defer d.running.Store(false)
 	t := time.NewTicker(d.tick)
 	defer t.Stop()
+	// Tick once at the start, so bands are open (or not) from the first
+	// instant rather than a Tick later.
+	d.Step()
 	for {
 		select {
 		case <-ctx.Done():

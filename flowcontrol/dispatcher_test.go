@@ -389,14 +389,24 @@ func TestRunWakesOnEnqueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.Step() // open the band's first tick; Run's first tick is an hour away
+	d.Step()
 	errc := make(chan error, 1)
 	go func() { errc <- d.Run(context.Background()) }()
+	// Wait for Run's own first tick; its next one is an hour away, so
+	// from here only the wake-up path can dispatch.
+	for d.Stats().Ticks != 2 {
+		runtimeGosched()
+	}
 	if err := d.Enqueue(0, 42); err != nil {
 		t.Fatal(err)
 	}
-	if i := <-got; i != 42 {
-		t.Fatalf("dispatched %d", i)
+	select {
+	case i := <-got:
+		if i != 42 {
+			t.Fatalf("dispatched %d", i)
+		}
+	case <-time.After(time.Minute): // a failure deadline, not a wait
+		t.Fatal("item not dispatched: Run did not wake on Enqueue")
 	}
 	d.Close()
 	if err := <-errc; !errors.Is(err, flowcontrol.ErrClosed) {
