@@ -1,0 +1,175 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseConfigSample(t *testing.T) {
+	f, err := os.Open("config.yaml")
+	require.NoError(t, err)
+	defer f.Close()
+	cfg, err := ParseConfig(f)
+	require.NoError(t, err)
+	require.Equal(t, []Band{
+		{Name: "critical", Priority: 100, Capacity: 1024, MaxWait: 30 * time.Second},
+		{Name: "sheddable", Priority: 0, Capacity: 4096, MaxWait: 120 * time.Second},
+	}, cfg.Bands)
+	require.Equal(t, PolicyRef{Type: policySoftReflective}, cfg.Policy)
+	require.Equal(t, 1, cfg.DefaultBand)
+	require.Equal(t, map[string]int{"critical": 0, "interactive": 0, "sheddable": 1, "batch": 1}, cfg.Objectives)
+	require.Equal(t, SaturationConfig{
+		QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8,
+		MetricsStalenessThreshold: 200 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond,
+	}, cfg.Saturation)
+}
+
+// TestParseConfigSwitchIsOneLine: the article's baseline → soft-reflective
+// switch is the one usageLimitPolicyPluginRef line of the sample.
+func TestParseConfigSwitchIsOneLine(t *testing.T) {
+	data, err := os.ReadFile("config.yaml")
+	require.NoError(t, err)
+	src := string(data)
+	const line = "usageLimitPolicyPluginRef: soft-reflective\n"
+	require.Equal(t, 1, strings.Count(src, line))
+	cfg, err := ParseConfig(strings.NewReader(strings.Replace(src, line, "usageLimitPolicyPluginRef: baseline\n", 1)))
+	require.NoError(t, err)
+	require.Equal(t, PolicyRef{Type: policyStatic, Threshold: 1.0}, cfg.Policy)
+}
+
+func TestParseConfigInFlightCredit(t *testing.T) {
+	cfg, err := ParseConfig(strings.NewReader("saturationDetector: {inFlightCredit: true}\n"))
+	require.NoError(t, err)
+	require.True(t, cfg.Saturation.InFlightCredit)
+	require.False(t, DefaultConfig().Saturation.InFlightCredit)
+}
+
+func TestParseConfigEmptyIsDefault(t *testing.T) {
+	cfg, err := ParseConfig(strings.NewReader(""))
+	require.NoError(t, err)
+	require.Equal(t, DefaultConfig(), cfg)
+}
+
+func TestParseConfigBandsSortedByPriority(t *testing.T) {
+	cfg, err := ParseConfig(strings.NewReader(`
+flowControl:
+  priorityBands:
+    - {name: batch, priority: -5}
+    - {name: gold, priority: 10, capacity: 8, maxWait: 1s}
+    - {name: silver, priority: 5}
+`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"gold", "silver", "batch"}, []string{cfg.Bands[0].Name, cfg.Bands[1].Name, cfg.Bands[2].Name})
+	require.Equal(t, 8, cfg.Bands[0].Capacity)
+	require.Equal(t, 2, cfg.DefaultBand)
+	require.Equal(t, map[string]int{"gold": 0, "silver": 1, "batch": 2, "critical": 0, "sheddable": 2}, cfg.Objectives)
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	cases := []struct {
+		name, src string
+		want      []string // substrings of the error
+	}{
+		{"unknown top-level field", "flowControll: {}\n", []string{"flowControll (line 1)", "unknown field"}},
+		{"unknown nested field", "flowControl:\n  priorityBands:\n    - name: a\n      priority: 1\n      capasity: 3\n",
+			[]string{"flowControl.priorityBands[0].capasity (line 5)", "unknown field"}},
+		{"bad int", "flowControl:\n  priorityBands:\n    - name: a\n      priority: high\n",
+			[]string{"flowControl.priorityBands[0].priority (line 4)", "cannot unmarshal"}},
+		{"bad duration", "saturationDetector:\n  scrapeInterval: 50\n",
+			[]string{"saturationDetector.scrapeInterval (line 2)", "durations are strings"}},
+		{"bad duration string", "saturationDetector:\n  scrapeInterval: fast\n",
+			[]string{"saturationDetector.scrapeInterval (line 2)"}},
+		{"negative capacity", "flowControl:\n  priorityBands:\n    - name: a\n      priority: 1\n      capacity: -1\n",
+			[]string{"flowControl.priorityBands[0].capacity (line 5)", "must be in 1.."}},
+		{"missing priority", "flowControl:\n  priorityBands:\n    - name: a\n", []string{"flowControl.priorityBands[0].priority", "required"}},
+		{"duplicate priority", "flowControl:\n  priorityBands:\n    - {name: a, priority: 1}\n    - {name: b, priority: 1}\n",
+			[]string{"flowControl.priorityBands[1].priority (line 4)", "duplicate"}},
+		{"duplicate band", "flowControl:\n  priorityBands:\n    - {name: a, priority: 1}\n    - {name: a, priority: 2}\n",
+			[]string{"flowControl.priorityBands[1].name", "duplicate band"}},
+		{"empty bands", "flowControl:\n  priorityBands: []\n", []string{"flowControl.priorityBands (line 2)", "at least one"}},
+		{"unknown policy ref", "flowControl:\n  usageLimitPolicyPluginRef: magic\n",
+			[]string{"flowControl.usageLimitPolicyPluginRef (line 2)", `"magic"`}},
+		{"unknown plugin type", "plugins:\n  - {name: x, type: magic}\n", []string{"plugins[0].type (line 2)", "unknown policy"}},
+		{"threshold on soft", "plugins:\n  - type: soft-reflective-ceiling-policy\n    parameters: {threshold: 0.5}\n",
+			[]string{"plugins[0].parameters.threshold (line 3)", "takes no threshold"}},
+		{"bad threshold", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: .nan}\n",
+			[]string{"plugins[0].parameters.threshold", "finite"}},
+		{"unknown param", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {treshold: 0.5}\n",
+			[]string{"plugins[0].parameters.treshold (line 3)", "unknown field"}},
+		{"objective to missing band", "flowControl:\n  objectives:\n    gold: platinum\n",
+			[]string{"flowControl.objectives.gold (line 3)", `no band named "platinum"`}},
+		{"default band missing", "flowControl:\n  defaultPriorityBand: nope\n", []string{"flowControl.defaultPriorityBand (line 2)"}},
+		{"kv threshold range", "saturationDetector:\n  kvCacheUtilThreshold: 1.5\n", []string{"saturationDetector.kvCacheUtilThreshold (line 2)", "(0, 1]"}},
+		{"scrape slower than staleness", "saturationDetector:\n  scrapeInterval: 1s\n", []string{"saturationDetector.scrapeInterval (line 2)", "stale"}},
+		{"duplicate key", "flowControl: {}\nflowControl: {}\n", []string{"line 2", "already defined"}},
+		{"two documents", "flowControl: {}\n---\nflowControl: {}\n", []string{"more than one YAML document"}},
+		{"not yaml", "flowControl: [\n", []string{"proxy: config:"}},
+		{"map for a list", "flowControl:\n  priorityBands: {a: 1}\n", []string{"flowControl.priorityBands (line 2)", "cannot unmarshal !!map"}},
+		{"long bad value", "flowControl:\n  burst: manymanymany\n", []string{"flowControl.burst (line 2)"}},
+		{"bad bool", "saturationDetector:\n  inFlightCredit: maybe\n", []string{"saturationDetector.inFlightCredit (line 2)"}},
+		{"bad burst", "flowControl:\n  burst: 0\n", []string{"flowControl.burst (line 2)"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig(strings.NewReader(tc.src))
+			require.Error(t, err)
+			require.True(t, strings.HasPrefix(err.Error(), "proxy: config: "), err.Error())
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+// FuzzParseConfig: any input either parses into a configuration that holds
+// the invariants the proxy relies on, or is a "proxy: config:" error; never a
+// panic.
+func FuzzParseConfig(f *testing.F) {
+	if data, err := os.ReadFile("config.yaml"); err == nil {
+		f.Add(string(data))
+	}
+	f.Add("")
+	f.Add("flowControl:\n  priorityBands:\n    - {name: a, priority: 1, capacity: 3, maxWait: 1s}\n")
+	f.Add("plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: 0.9}\nflowControl: {usageLimitPolicyPluginRef: static-usage-limit-policy}\n")
+	f.Add("saturationDetector: {scrapeInterval: 10ms, metricsStalenessThreshold: 5ms}\n")
+	f.Add("flowControl: {objectives: {x: y}}\n")
+	f.Add("a: &a [*a]\n")
+	f.Fuzz(func(t *testing.T, src string) {
+		cfg, err := ParseConfig(strings.NewReader(src))
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "proxy: config: ") {
+				t.Fatalf("error without prefix: %v", err)
+			}
+			return
+		}
+		if len(cfg.Bands) == 0 {
+			t.Fatal("no bands")
+		}
+		if cfg.DefaultBand < 0 || cfg.DefaultBand >= len(cfg.Bands) {
+			t.Fatalf("default band %d of %d", cfg.DefaultBand, len(cfg.Bands))
+		}
+		for i, b := range cfg.Bands {
+			if b.Capacity <= 0 || b.MaxWait < 0 {
+				t.Fatalf("band %d: %+v", i, b)
+			}
+			if i > 0 && b.Priority >= cfg.Bands[i-1].Priority {
+				t.Fatalf("bands not in descending priority: %+v", cfg.Bands)
+			}
+		}
+		for o, i := range cfg.Objectives {
+			if i < 0 || i >= len(cfg.Bands) {
+				t.Fatalf("objective %q → band %d of %d", o, i, len(cfg.Bands))
+			}
+		}
+		if cfg.Policy.Type != policyStatic && cfg.Policy.Type != policySoftReflective {
+			t.Fatalf("policy %q", cfg.Policy.Type)
+		}
+		if cfg.Saturation.ScrapeInterval <= 0 || cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
+			t.Fatalf("saturation %+v", cfg.Saturation)
+		}
+	})
+}

@@ -1,0 +1,539 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
+	"github.com/flowgate/flowgate/saturation"
+)
+
+// Response headers the proxy sets.
+const (
+	// ReasonHeader says why the proxy itself answered (no model server
+	// response): one of the reason* values below.
+	ReasonHeader = "x-flowgate-reason"
+	// BandHeader carries the band the request was queued in.
+	BandHeader = "x-flowgate-band"
+)
+
+// Reasons in ReasonHeader, with their status codes:
+//
+//	queue-full     429  the band already holds its capacity of waiting requests
+//	expired        503  waited longer than the band's maxWait
+//	shutting-down  503  the proxy is shutting down (it was queued, or arrived late)
+//	body-too-large 413  the request body exceeds MaxBodyBytes
+//	bad-body       400  the request body could not be read
+//	no-backend     503  no backend is configured
+//	backend-error  502  the backend could not be reached or failed mid-response
+//
+// A client that goes away while queued gets no answer (there is nobody to
+// answer) and is counted as the cancelled outcome.
+const (
+	reasonQueueFull    = "queue-full"
+	reasonExpired      = "expired"
+	reasonShutdown     = "shutting-down"
+	reasonTooLarge     = "body-too-large"
+	reasonBadBody      = "bad-body"
+	reasonNoBackend    = "no-backend"
+	reasonBackendError = "backend-error"
+	reasonCancelled    = "cancelled" // metrics only: never sent
+	reasonForwarded    = "forwarded" // metrics only: the backend answered
+)
+
+// Options configures NewProxy.
+type Options struct {
+	Config   Config
+	Backends []string // base URLs of the model servers, e.g. http://127.0.0.1:8001
+	// MaxBodyBytes caps a request body the proxy reads to find the band.
+	// Default 8 MiB.
+	MaxBodyBytes int64
+	// InFlightPerBackend is the in-flight count at which the local
+	// in-flight source alone reads a backend pool as saturated. Default 256.
+	InFlightPerBackend int
+	// Logf logs; default log.Printf. Use a no-op in tests.
+	Logf func(format string, args ...any)
+	// OnFinish, if set, is called when a gated request is finished: its
+	// band, the status sent (0: none, the client left) and the reason
+	// ("forwarded" when the backend answered). Tests wait on it.
+	OnFinish func(band, code int, reason string)
+}
+
+type backend struct {
+	base     *url.URL
+	metrics  string // its /metrics URL, the poller's key for it
+	inflight atomic.Int64
+	rp       *httputil.ReverseProxy
+}
+
+// Proxy gates requests with a flowcontrol.Controller and forwards them to
+// the least-loaded backend. It is an http.Handler.
+type Proxy struct {
+	cfg      Config
+	logf     func(string, ...any)
+	maxBody  int64
+	ctrl     *flowcontrol.Controller
+	col      *flowmetrics.Collector
+	poller   *saturation.Poller
+	backends []*backend
+	byMetric map[string]*backend
+	capacity []int64        // per band; the controller's capacity is the maximum
+	waiting  []atomic.Int64 // per band, to enforce a band's smaller capacity
+	reg      *prometheus.Registry
+	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
+	rr       atomic.Uint64          // tie-breaker for backend choice
+	onFinish func(band, code int, reason string)
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started bool
+}
+
+// NewProxy builds the controller, the saturation poller and the metrics
+// registry. Start runs them.
+func NewProxy(opts Options) (*Proxy, error) {
+	cfg := opts.Config
+	if len(cfg.Bands) == 0 {
+		return nil, errors.New("proxy: Config.Bands is empty")
+	}
+	p := &Proxy{
+		cfg:      cfg,
+		logf:     opts.Logf,
+		onFinish: opts.OnFinish,
+		maxBody:  opts.MaxBodyBytes,
+		byMetric: map[string]*backend{},
+		capacity: make([]int64, len(cfg.Bands)),
+		waiting:  make([]atomic.Int64, len(cfg.Bands)),
+		reg:      prometheus.NewRegistry(),
+	}
+	if p.logf == nil {
+		p.logf = log.Printf
+	}
+	if p.maxBody == 0 {
+		p.maxBody = 8 << 20
+	}
+	// One transport for every backend: enough idle connections that a
+	// burst of streams does not churn them.
+	transport := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	endpoints := make([]string, 0, len(opts.Backends))
+	for i, raw := range opts.Backends {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("proxy: backends[%d]: %q is not an http(s) base URL", i, raw)
+		}
+		b := &backend{base: u, metrics: u.JoinPath("metrics").String()}
+		if _, dup := p.byMetric[b.metrics]; dup {
+			return nil, fmt.Errorf("proxy: backends[%d]: %q listed twice", i, raw)
+		}
+		b.rp = &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(b.base)
+				pr.Out.Host = b.base.Host
+			},
+			Transport:     transport,
+			FlushInterval: -1, // flush every write: time to first token is not buffered away
+			ErrorHandler:  p.backendError,
+			ErrorLog:      log.New(io.Discard, "", 0),
+		}
+		p.backends = append(p.backends, b)
+		p.byMetric[b.metrics] = b
+		endpoints = append(endpoints, b.metrics)
+	}
+
+	sc := cfg.Saturation
+	poller, err := saturation.NewPoller(saturation.PollerConfig{
+		Endpoints: endpoints,
+		Interval:  sc.ScrapeInterval,
+		Timeout:   min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout),
+		Scorer: saturation.Scorer{
+			QueueDepthThreshold: sc.QueueDepthThreshold,
+			KVUtilThreshold:     sc.KVCacheUtilThreshold,
+			Staleness:           sc.MetricsStalenessThreshold,
+			InFlightCredit:      sc.InFlightCredit,
+		},
+		InFlight: func(endpoint string) int64 {
+			if b := p.byMetric[endpoint]; b != nil {
+				return b.inflight.Load()
+			}
+			return 0
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: saturation: %w", err)
+	}
+	p.poller = poller
+
+	policy, err := flowcontrol.PolicyByName(cfg.Policy.Type, policyParams(cfg.Policy))
+	if err != nil {
+		return nil, fmt.Errorf("proxy: policy: %w", err)
+	}
+	maxCap, maxWait := 0, make([]time.Duration, len(cfg.Bands))
+	for i, b := range cfg.Bands {
+		p.capacity[i] = int64(b.Capacity)
+		maxCap = max(maxCap, b.Capacity)
+		maxWait[i] = b.MaxWait
+	}
+	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Bands:    len(cfg.Bands),
+		Capacity: maxCap,
+		Policy:   policy,
+		Source:   poller,
+		Burst:    cfg.Burst,
+		Tick:     cfg.Tick,
+		MaxWait:  maxWait,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: flow control: %w", err)
+	}
+	p.ctrl = ctrl
+	names := make([]string, len(cfg.Bands))
+	for i, b := range cfg.Bands {
+		names[i] = b.Name
+	}
+	p.col, err = flowmetrics.New(ctrl, len(cfg.Bands), flowmetrics.Options{BandNames: names})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	p.answers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flowgate_proxy_responses_total",
+		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
+	}, []string{"band", "code", "reason"})
+	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
+	return p, nil
+}
+
+func policyParams(r PolicyRef) map[string]float64 {
+	if r.Type == flowcontrol.StaticPolicyName {
+		return map[string]float64{"threshold": r.Threshold}
+	}
+	return nil
+}
+
+// Start runs the dispatcher and the metrics poller until Close.
+func (p *Proxy) Start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started {
+		return
+	}
+	p.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.wg.Add(2)
+	go func() { defer p.wg.Done(); _ = p.ctrl.Run(ctx) }()
+	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
+}
+
+// Drain is the first step of a graceful shutdown: every queued request is
+// answered 503 shutting-down, and so is every request that arrives later.
+// Requests already forwarded go on; call Close once they have finished (for
+// example after http.Server.Shutdown returns).
+func (p *Proxy) Drain() { p.ctrl.Close() }
+
+// Close drains and stops the dispatcher and the poller. Idempotent.
+func (p *Proxy) Close() {
+	p.ctrl.Close()
+	p.mu.Lock()
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// Controller returns the flow controller (for Stats).
+func (p *Proxy) Controller() *flowcontrol.Controller { return p.ctrl }
+
+// Registry returns the Prometheus registry /metrics serves.
+func (p *Proxy) Registry() *prometheus.Registry { return p.reg }
+
+// Answers returns the proxy's count of finished gated requests, keyed
+// "band code reason" (code 0: the client left before an answer).
+func (p *Proxy) Answers() map[string]int {
+	out := map[string]int{}
+	fams, err := p.reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, f := range fams {
+		if f.GetName() != "flowgate_proxy_responses_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			out[l["band"]+" "+l["code"]+" "+l["reason"]] += int(m.GetCounter().GetValue())
+		}
+	}
+	return out
+}
+
+// InFlight returns the requests forwarded to each backend and not finished.
+func (p *Proxy) InFlight() []int64 {
+	out := make([]int64, len(p.backends))
+	for i, b := range p.backends {
+		out[i] = b.inflight.Load()
+	}
+	return out
+}
+
+// ServeHTTP routes GET /metrics to the registry and gates every POST under
+// /v1/; anything else is forwarded ungated (model lists, health checks).
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == "/metrics" && r.Method == http.MethodGet:
+		promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	case r.Method == http.MethodPost && len(r.URL.Path) > 4 && r.URL.Path[:4] == "/v1/":
+		p.serveGated(w, r)
+	default:
+		b := p.pick()
+		if b == nil {
+			p.refuse(w, http.StatusServiceUnavailable, reasonNoBackend)
+			return
+		}
+		b.rp.ServeHTTP(w, r)
+	}
+}
+
+// refuse answers on the proxy's own behalf with a reason header and a JSON
+// error body in the OpenAI shape.
+func (p *Proxy) refuse(w http.ResponseWriter, code int, reason string) {
+	h := w.Header()
+	h.Set(ReasonHeader, reason)
+	h.Set("Content-Type", "application/json")
+	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	w.WriteHeader(code)
+	fmt.Fprintf(w, `{"object":"error","message":"flowgate: %s","type":%q,"code":%d}`+"\n", reason, http.StatusText(code), code)
+}
+
+func (p *Proxy) serveGated(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.maxBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			p.refuse(w, http.StatusRequestEntityTooLarge, reasonTooLarge)
+		} else {
+			p.refuse(w, http.StatusBadRequest, reasonBadBody)
+		}
+		return
+	}
+	band, _ := bandFor(&p.cfg, r.Header, body)
+	w.Header().Set(BandHeader, p.cfg.Bands[band].Name)
+	rec := &statusRecorder{ResponseWriter: w}
+	finish := func(code int, reason string) {
+		p.answers.WithLabelValues(p.cfg.Bands[band].Name, strconv.Itoa(code), reason).Inc()
+		if p.onFinish != nil {
+			p.onFinish(band, code, reason)
+		}
+	}
+	defer func() {
+		// The reverse proxy aborts the handler (panic ErrAbortHandler)
+		// when copying a streamed body fails: the client left, or the
+		// backend died mid-stream. Count it, then let net/http abort the
+		// connection so that a client still there sees the cut.
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				reason := reasonBackendError
+				if r.Context().Err() != nil {
+					reason = reasonCancelled
+				}
+				finish(rec.code, reason)
+			}
+			panic(v)
+		}
+	}()
+	code, reason := p.gateAndForward(rec, r, band, body)
+	finish(code, reason)
+}
+
+// gateAndForward waits for the band's turn and forwards the request; it
+// returns the status sent (0 if none) and the reason.
+func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, body []byte) (int, string) {
+	refuse := func(code int, reason string) (int, string) {
+		p.refuse(rec, code, reason)
+		return code, reason
+	}
+	// A band's own capacity, when smaller than the controller's (which
+	// holds the largest band's), is enforced here.
+	if p.waiting[band].Add(1) > p.capacity[band] {
+		p.waiting[band].Add(-1)
+		p.col.ObserveWait(band, flowcontrol.ErrQueueFull, 0)
+		return refuse(http.StatusTooManyRequests, reasonQueueFull)
+	}
+	done, err := p.col.Wait(r.Context(), p.ctrl, band)
+	p.waiting[band].Add(-1)
+	if err != nil {
+		switch {
+		case errors.Is(err, flowcontrol.ErrQueueFull):
+			return refuse(http.StatusTooManyRequests, reasonQueueFull)
+		case errors.Is(err, flowcontrol.ErrExpired):
+			return refuse(http.StatusServiceUnavailable, reasonExpired)
+		case errors.Is(err, flowcontrol.ErrClosed):
+			return refuse(http.StatusServiceUnavailable, reasonShutdown)
+		case errors.Is(err, flowcontrol.ErrCancelled):
+			return 0, reasonCancelled // the client left: nobody to answer
+		default: // ErrUnknownBand: bandFor only returns valid bands
+			return refuse(http.StatusInternalServerError, "internal")
+		}
+	}
+	// done runs once the response has been copied to the client (or the
+	// copy failed because the client left): only then is the slot free.
+	defer done()
+	b := p.pick()
+	if b == nil {
+		return refuse(http.StatusServiceUnavailable, reasonNoBackend)
+	}
+	b.inflight.Add(1)
+	defer b.inflight.Add(-1)
+	if p.cfg.Saturation.InFlightCredit {
+		// Credit the new request to its backend now, not at the next
+		// scrape: a burst of dispatches shows in the saturation at once.
+		p.poller.Rescore()
+	}
+
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Del("Content-Length")
+	b.rp.ServeHTTP(rec, r)
+	switch {
+	case rec.proxyErr && rec.code == 0:
+		return 0, reasonCancelled // the client left before the backend answered
+	case rec.proxyErr:
+		return rec.code, reasonBackendError
+	case r.Context().Err() != nil:
+		return rec.code, reasonCancelled // left mid-response
+	}
+	return rec.code, reasonForwarded
+}
+
+// pick returns the backend with the fewest requests in flight (ties broken
+// round-robin), or nil if there is none.
+func (p *Proxy) pick() *backend {
+	n := len(p.backends)
+	if n == 0 {
+		return nil
+	}
+	start := int(p.rr.Add(1) % uint64(n))
+	best := p.backends[start]
+	for i := 1; i < n; i++ {
+		b := p.backends[(start+i)%n]
+		if b.inflight.Load() < best.inflight.Load() {
+			best = b
+		}
+	}
+	return best
+}
+
+// backendError is the reverse proxy's error handler: 502 backend-error,
+// unless the client is gone (then nobody is listening).
+func (p *Proxy) backendError(w http.ResponseWriter, r *http.Request, err error) {
+	rec, _ := w.(*statusRecorder)
+	if rec != nil {
+		rec.proxyErr = true
+	}
+	if r.Context().Err() != nil {
+		return // the client left; nobody to answer
+	}
+	p.logf("proxy: backend %s: %v", r.URL.Host, err)
+	h := w.Header()
+	h.Set(ReasonHeader, reasonBackendError)
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadGateway)
+	fmt.Fprintf(w, `{"object":"error","message":"flowgate: %s","type":"Bad Gateway","code":502}`+"\n", reasonBackendError)
+}
+
+// statusRecorder remembers the status code written. Unwrap lets
+// http.ResponseController (which the reverse proxy flushes through) reach
+// the real writer's Flush.
+type statusRecorder struct {
+	http.ResponseWriter
+	code     int
+	proxyErr bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// backendCollector exports per-backend state: in-flight count from the
+// proxy, and the poller's last reading and score.
+type backendCollector struct {
+	p        *Proxy
+	inflight *prometheus.Desc
+	score    *prometheus.Desc
+	waiting  *prometheus.Desc
+	kv       *prometheus.Desc
+}
+
+func newBackendCollector(p *Proxy) *backendCollector {
+	l := []string{"backend"}
+	return &backendCollector{
+		p:        p,
+		inflight: prometheus.NewDesc("flowgate_backend_inflight", "Requests forwarded to the backend and not finished.", l, nil),
+		score:    prometheus.NewDesc("flowgate_backend_saturation", "The backend's saturation score at the poller's last rescore.", l, nil),
+		waiting:  prometheus.NewDesc("flowgate_backend_requests_waiting", "The backend's vllm:num_requests_waiting at the last good scrape.", l, nil),
+		kv:       prometheus.NewDesc("flowgate_backend_kv_cache_usage", "The backend's vllm:kv_cache_usage_perc at the last good scrape.", l, nil),
+	}
+}
+
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.inflight
+	ch <- c.score
+	ch <- c.waiting
+	ch <- c.kv
+}
+
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, b := range c.p.backends {
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.inflight.Load()), b.base.Host)
+	}
+	for _, r := range c.p.poller.Readings() {
+		b := c.p.byMetric[r.Endpoint]
+		if b == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.score, prometheus.GaugeValue, r.Score, b.base.Host)
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, r.Waiting, b.base.Host)
+		ch <- prometheus.MustNewConstMetric(c.kv, prometheus.GaugeValue, r.KVUsage, b.base.Host)
+	}
+}

@@ -1,0 +1,459 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/flowgate/flowgate/examples/internal/fakevllm"
+	"github.com/flowgate/flowgate/examples/internal/vllm"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// eventually spins (yielding, never sleeping) until cond holds, failing
+// after 20 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// backendStub is a fake vLLM server whose /metrics can be overridden to
+// report a saturated pod, so that tests choose when bands are gated.
+type backendStub struct {
+	fake      *fakevllm.Server
+	srv       *httptest.Server
+	saturated atomic.Bool
+}
+
+func (b *backendStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/metrics" && b.saturated.Load() {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, "vllm:num_requests_waiting 100\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 1\n")
+		return
+	}
+	b.fake.ServeHTTP(w, r)
+}
+
+func newStub(t *testing.T, speedUp float64) *backendStub {
+	t.Helper()
+	f, err := fakevllm.New(fakevllm.Config{SpeedUp: speedUp})
+	require.NoError(t, err)
+	b := &backendStub{fake: f}
+	b.srv = httptest.NewServer(b)
+	t.Cleanup(func() {
+		f.Close()
+		b.srv.Close()
+	})
+	return b
+}
+
+type harness struct {
+	p        *Proxy
+	srv      *httptest.Server
+	finished chan [3]any // band, code, reason of each gated request
+}
+
+func newHarness(t *testing.T, cfg Config, backends ...*backendStub) *harness {
+	t.Helper()
+	var urls []string
+	for _, b := range backends {
+		urls = append(urls, b.srv.URL)
+	}
+	h := &harness{finished: make(chan [3]any, 1024)}
+	p, err := NewProxy(Options{Config: cfg, Backends: urls, Logf: t.Logf,
+		OnFinish: func(band, code int, reason string) { h.finished <- [3]any{band, code, reason} }})
+	require.NoError(t, err)
+	p.Start()
+	h.p = p
+	h.srv = httptest.NewServer(p)
+	t.Cleanup(func() {
+		p.Close()
+		h.srv.Close()
+	})
+	return h
+}
+
+func (h *harness) send(ctx context.Context, t *testing.T, objective, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	if objective != "" {
+		req.Header.Set(ObjectiveHeader, objective)
+	}
+	return http.DefaultClient.Do(req)
+}
+
+func (h *harness) nextFinish(t *testing.T) (band, code int, reason string) {
+	t.Helper()
+	select {
+	case f := <-h.finished:
+		return f[0].(int), f[1].(int), f[2].(string)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no request finished")
+	}
+	return
+}
+
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Saturation.ScrapeInterval = 5 * time.Millisecond
+	cfg.Saturation.MetricsStalenessThreshold = time.Second
+	return cfg
+}
+
+func firstEvent(t *testing.T, resp *http.Response) (string, *bufio.Scanner) {
+	t.Helper()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if after, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			return after, sc
+		}
+	}
+	t.Fatalf("no event: %v", sc.Err())
+	return "", nil
+}
+
+// TestStreamingFirstTokenBeforeLast: through the proxy, the first token
+// reaches the client while the backend is still generating; the band header
+// is set.
+func TestStreamingFirstTokenBeforeLast(t *testing.T) {
+	b := newStub(t, 2)
+	h := newHarness(t, testConfig(), b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := h.send(ctx, t, "critical", `{"prompt":"x","max_tokens":500,"stream":true}`)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "critical", resp.Header.Get(BandHeader))
+	ev, _ := firstEvent(t, resp)
+	require.Contains(t, ev, `"text":" the"`)
+	require.Zero(t, b.fake.Completed(), "500 tokens at 2x take seconds: the first must arrive before the last")
+	cancel()
+	_, code, reason := h.nextFinish(t)
+	require.Equal(t, 200, code)
+	require.Equal(t, reasonCancelled, reason)
+}
+
+// TestDisconnectMidStreamReleasesSlot: a client that leaves mid-stream
+// releases its in-flight slot (controller and backend count).
+func TestDisconnectMidStreamReleasesSlot(t *testing.T) {
+	b := newStub(t, 1)
+	h := newHarness(t, testConfig(), b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := h.send(ctx, t, "sheddable", `{"prompt":"x","max_tokens":1000,"stream":true}`)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	firstEvent(t, resp)
+	require.Equal(t, int64(1), h.p.Controller().InFlight())
+	require.Equal(t, []int64{1}, h.p.InFlight())
+	cancel()
+	band, code, reason := h.nextFinish(t)
+	require.Equal(t, 1, band)
+	require.Equal(t, 200, code)
+	require.Equal(t, reasonCancelled, reason)
+	require.Equal(t, int64(0), h.p.Controller().InFlight())
+	require.Equal(t, []int64{0}, h.p.InFlight())
+	require.Equal(t, uint64(1), h.p.Controller().Stats().Bands[1].Dispatched)
+}
+
+// TestDisconnectWhileQueuedFreesPlace: sheddable is gated (backend reports
+// saturation 20); a queued client leaves; the proxy records the cancelled
+// outcome, and once the band opens the place is free and the next request
+// goes through.
+func TestDisconnectWhileQueuedFreesPlace(t *testing.T) {
+	b := newStub(t, 20)
+	b.saturated.Store(true)
+	cfg := testConfig()
+	cfg.Bands[1].Capacity = 1
+	h := newHarness(t, cfg, b)
+	ctrl := h.p.Controller()
+	eventually(t, "saturation read", func() bool { return ctrl.Stats().Saturation >= 1 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := h.send(ctx, t, "sheddable", `{"prompt":"x","max_tokens":2}`)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	eventually(t, "queued", func() bool { return ctrl.Stats().Bands[1].Queued == 1 })
+	// The band holds one: a second is refused at once.
+	resp, err := h.send(context.Background(), t, "sheddable", `{"prompt":"x","max_tokens":2}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	require.Equal(t, reasonQueueFull, resp.Header.Get(ReasonHeader))
+	_, code, reason := h.nextFinish(t)
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.Equal(t, reasonQueueFull, reason)
+
+	cancel()
+	require.Error(t, <-errc)
+	band, code, reason := h.nextFinish(t)
+	require.Equal(t, 1, band)
+	require.Equal(t, 0, code)
+	require.Equal(t, reasonCancelled, reason)
+
+	// The band opens: the dead entry is skipped as cancelled, its place is
+	// free, and the next request is served.
+	b.saturated.Store(false)
+	eventually(t, "cancelled outcome", func() bool { return ctrl.Stats().Bands[1].Cancelled == 1 })
+	resp, err = h.send(context.Background(), t, "sheddable", `{"prompt":"x","max_tokens":2}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	st := ctrl.Stats().Bands[1]
+	require.Equal(t, uint64(1), st.Dispatched)
+	require.Equal(t, uint64(1), st.Cancelled)
+	require.Equal(t, 0, st.Queued)
+}
+
+// TestMetricsEndpointMatchesStats scrapes the proxy's /metrics over HTTP,
+// parses it with expfmt and compares it to the Stats snapshot of the
+// stopped controller (stopped so that nothing moves between the two).
+func TestMetricsEndpointMatchesStats(t *testing.T) {
+	b := newStub(t, 50)
+	h := newHarness(t, testConfig(), b)
+	for i, obj := range []string{"critical", "sheddable", "critical", ""} {
+		resp, err := h.send(context.Background(), t, obj, fmt.Sprintf(`{"prompt":"x","max_tokens":%d}`, i+1))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	h.p.Close() // stops ticking; /metrics is still served
+	st := h.p.Controller().Stats()
+	resp, err := http.Get(h.srv.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	get := func(name string, labels ...string) *dto.Metric {
+		f := fams[name]
+		require.NotNil(t, f, name)
+	next:
+		for _, m := range f.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				ok := false
+				for _, l := range m.GetLabel() {
+					ok = ok || (l.GetName() == labels[i] && l.GetValue() == labels[i+1])
+				}
+				if !ok {
+					continue next
+				}
+			}
+			return m
+		}
+		t.Fatalf("%s %v missing", name, labels)
+		return nil
+	}
+	require.Equal(t, st.Saturation, get("flowgate_saturation").GetGauge().GetValue())
+	require.Equal(t, float64(st.Ticks), get("flowgate_ticks_total").GetCounter().GetValue())
+	total := 0.0
+	for i, name := range []string{"critical", "sheddable"} {
+		bs := st.Bands[i]
+		require.Equal(t, float64(bs.Queued), get("flowgate_queue_depth", "band", name).GetGauge().GetValue())
+		require.Equal(t, bs.Gate.Ceiling, get("flowgate_band_ceiling", "band", name).GetGauge().GetValue())
+		require.Equal(t, float64(bs.Gate.Every), get("flowgate_band_duty_cycle_ticks", "band", name).GetGauge().GetValue())
+		for outcome, v := range map[string]uint64{"dispatched": bs.Dispatched, "cancelled": bs.Cancelled,
+			"expired": bs.Expired, "closed": bs.Closed, "rejected": bs.Rejected} {
+			require.Equal(t, float64(v), get("flowgate_requests_total", "band", name, "outcome", outcome).GetCounter().GetValue())
+			require.Equal(t, v, get("flowgate_wait_seconds", "band", name, "outcome", outcome).GetHistogram().GetSampleCount())
+		}
+		total += get("flowgate_requests_total", "band", name, "outcome", "dispatched").GetCounter().GetValue()
+		require.Equal(t, float64(bs.Dispatched), get("flowgate_proxy_responses_total", "band", name, "code", "200", "reason", "forwarded").GetCounter().GetValue())
+	}
+	require.Equal(t, 4.0, total)
+	require.Equal(t, uint64(2), st.Bands[0].Dispatched)
+	require.Equal(t, uint64(2), st.Bands[1].Dispatched) // "" → default band
+	require.Equal(t, 0.0, get("flowgate_backend_inflight", "backend", strings.TrimPrefix(b.srv.URL, "http://")).GetGauge().GetValue())
+}
+
+// TestShutdownUnderLoadLosesNothing: critical requests stream while
+// sheddable ones are held (gated); a graceful shutdown answers every queued
+// one 503 shutting-down and lets every stream finish with [DONE].
+func TestShutdownUnderLoadLosesNothing(t *testing.T) {
+	b := newStub(t, 20)
+	b.saturated.Store(true) // sheddable gated, critical flows
+	h := newHarness(t, testConfig(), b)
+	ctrl := h.p.Controller()
+	eventually(t, "saturation read", func() bool { return ctrl.Stats().Saturation >= 1 })
+
+	const nCrit, nShed = 6, 10
+	type outcome struct {
+		critical bool
+		code     int
+		reason   string
+		complete bool
+		err      error
+	}
+	results := make(chan outcome, nCrit+nShed)
+	var wg sync.WaitGroup
+	run := func(critical bool, started chan<- struct{}) {
+		defer wg.Done()
+		obj := "sheddable"
+		if critical {
+			obj = "critical"
+		}
+		resp, err := h.send(context.Background(), t, obj, `{"prompt":"x","max_tokens":200,"stream":true}`)
+		if err != nil {
+			results <- outcome{critical: critical, err: err}
+			return
+		}
+		defer resp.Body.Close()
+		o := outcome{critical: critical, code: resp.StatusCode, reason: resp.Header.Get(ReasonHeader)}
+		sc := bufio.NewScanner(resp.Body)
+		first := true
+		for sc.Scan() {
+			if first && strings.HasPrefix(sc.Text(), "data: ") {
+				first = false
+				if started != nil {
+					started <- struct{}{}
+				}
+			}
+			o.complete = o.complete || sc.Text() == "data: [DONE]"
+		}
+		results <- o
+	}
+	started := make(chan struct{}, nCrit)
+	wg.Add(nCrit + nShed)
+	for range nCrit {
+		go run(true, started)
+	}
+	for range nShed {
+		go run(false, nil)
+	}
+	for range nCrit {
+		<-started // every critical stream is under way
+	}
+	eventually(t, "sheddable queued", func() bool { return ctrl.Stats().Bands[1].Queued == nShed })
+
+	// Graceful shutdown, as main does on SIGTERM.
+	h.p.Drain()
+	h.srv.Config.SetKeepAlivesEnabled(false)
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, h.srv.Config.Shutdown(sctx))
+	wg.Wait()
+	close(results)
+	var crit, shed int
+	for o := range results {
+		require.NoError(t, o.err)
+		if o.critical {
+			crit++
+			require.Equal(t, http.StatusOK, o.code)
+			require.True(t, o.complete, "a stream in flight was cut by the shutdown")
+		} else {
+			shed++
+			require.Equal(t, http.StatusServiceUnavailable, o.code)
+			require.Equal(t, reasonShutdown, o.reason)
+		}
+	}
+	require.Equal(t, nCrit, crit)
+	require.Equal(t, nShed, shed)
+	st := ctrl.Stats()
+	require.Equal(t, uint64(nCrit), st.Bands[0].Dispatched)
+	require.Equal(t, uint64(nShed), st.Bands[1].Closed)
+	require.Equal(t, 0, st.Bands[1].Queued)
+	require.Equal(t, int64(0), ctrl.InFlight())
+}
+
+// TestBandResolution: header, body priority and default, end to end.
+func TestBandResolution(t *testing.T) {
+	b := newStub(t, 50)
+	h := newHarness(t, testConfig(), b)
+	for _, tc := range []struct {
+		objective, body, band string
+	}{
+		{"critical", `{"prompt":"x","max_tokens":1}`, "critical"},
+		{"sheddable", `{"prompt":"x","max_tokens":1,"priority":0}`, "sheddable"},
+		{"", `{"prompt":"x","max_tokens":1,"priority":0}`, "critical"},
+		{"", `{"prompt":"x","max_tokens":1,"priority":7}`, "sheddable"},
+		{"unknown-objective", `{"prompt":"x","max_tokens":1,"priority":-3}`, "critical"},
+		{"", `{"prompt":"x","max_tokens":1}`, "sheddable"},
+	} {
+		resp, err := h.send(context.Background(), t, tc.objective, tc.body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, tc.band, resp.Header.Get(BandHeader), "%+v", tc)
+	}
+}
+
+// TestEndToEndOverload: the codegen mix above a small pool's capacity, sent
+// by an open-loop client over loopback through the proxy, once with the
+// static baseline and once with soft-reflective. Critical TTFT p99 must
+// drop by at least half; every request gets 200 or a documented status; the
+// client's and the proxy's counts add up.
+func TestEndToEndOverload(t *testing.T) {
+	replica := vllm.DefaultConfig()
+	load := demoLoad()
+	load.QPS = 20
+	load.SpeedUp = 10
+	load.Duration = 3 * time.Second
+	load.Drain = 30 * time.Second
+	spec := DemoSpec{Config: DefaultConfig(), Backends: 2, Replica: replica, Load: load}
+	results, err := RunDemo(context.Background(), spec)
+	require.NoError(t, err)
+	require.Len(t, results, 2)
+	var sb strings.Builder
+	printTable(&sb, spec, results)
+	t.Log("\n" + sb.String())
+
+	for _, r := range results {
+		sent := 0
+		for _, c := range []*ClassResult{&r.Load.Critical, &r.Load.Sheddable} {
+			require.Zero(t, c.Errors, "%s: requests without a response", r.Policy)
+			require.Zero(t, c.Cut, "%s: streams cut", r.Policy)
+			require.Equal(t, c.Sent, c.Answered())
+			for code := range c.Status {
+				require.Contains(t, []int{200, 429, 503}, code)
+			}
+			require.Equal(t, c.Status[200], len(c.TTFT))
+			sent += c.Sent
+		}
+		// The proxy answered each request exactly once.
+		answered := 0
+		for _, n := range r.Answers {
+			answered += n
+		}
+		require.Equal(t, sent, answered, "%s: proxy answers %v", r.Policy, r.Answers)
+		// Every accepted request ended in exactly one controller outcome.
+		var outcomes uint64
+		for _, b := range r.Stats.Bands {
+			require.Zero(t, b.Queued)
+			outcomes += b.Dispatched + b.Expired + b.Cancelled + b.Closed + b.Rejected
+		}
+		require.Equal(t, uint64(sent), outcomes, "%s", r.Policy)
+		require.NotEmpty(t, r.Load.Critical.TTFT)
+	}
+	static := quantile(results[0].Load.Critical.TTFT, 0.99)
+	soft := quantile(results[1].Load.Critical.TTFT, 0.99)
+	require.LessOrEqual(t, float64(soft), 0.5*float64(static),
+		"critical TTFT p99: static %v, soft-reflective %v", static, soft)
+}

@@ -1,0 +1,220 @@
+package flowmetrics_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type satValue struct{ bits atomic.Uint64 }
+
+func (s *satValue) set(f float64)       { s.bits.Store(uint64(f * 1e6)) }
+func (s *satValue) Saturation() float64 { return float64(s.bits.Load()) / 1e6 }
+func waitQueued(t *testing.T, c *flowcontrol.Controller, band, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().Bands[band].Queued != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("band %d: queued %d, want %d", band, c.Stats().Bands[band].Queued, n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// scrape fetches /metrics over real HTTP and parses it with expfmt.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	return fams
+}
+
+// value returns the sample of family name whose labels include want.
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string) *dto.Metric {
+	t.Helper()
+	f, ok := fams[name]
+	require.True(t, ok, "family %s missing", name)
+next:
+	for _, m := range f.GetMetric() {
+		for k, v := range want {
+			found := false
+			for _, l := range m.GetLabel() {
+				if l.GetName() == k && l.GetValue() == v {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		return m
+	}
+	t.Fatalf("%s%v not found", name, want)
+	return nil
+}
+
+// TestScrapeMatchesStats drives a controller through every outcome by hand
+// (Step, fake clock), scrapes the collector over HTTP and checks every value
+// against the Stats snapshot.
+func TestScrapeMatchesStats(t *testing.T) {
+	var now atomic.Int64
+	base := time.Unix(1000, 0)
+	clock := func() time.Time { return base.Add(time.Duration(now.Load())) }
+	sat := &satValue{}
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Bands: 2, Capacity: 2, Source: sat, Now: clock,
+		Policy:  flowcontrol.NewSoftReflective(),
+		MaxWait: []time.Duration{0, time.Second},
+	})
+	require.NoError(t, err)
+	defer c.Close()
+	col, err := flowmetrics.New(c, 2, flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(col))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+
+	// Overloaded: band 0 flows, band 1 is blocked (ceiling 0).
+	sat.set(2)
+	c.Step()
+
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	dones := make([]func(), 4)
+	wait := func(i int, ctx context.Context, band int) {
+		defer wg.Done()
+		dones[i], errs[i] = col.Wait(ctx, c, band)
+	}
+
+	// Cancelled: a waiter gives up while band 1 is blocked; the next tick
+	// (band 1 open again) skips it.
+	ctxCancel, cancel := context.WithCancel(context.Background())
+	wg.Add(1)
+	go wait(0, ctxCancel, 1)
+	waitQueued(t, c, 1, 1)
+	cancel()
+	wg.Wait()
+	require.ErrorIs(t, errs[0], flowcontrol.ErrCancelled)
+	sat.set(0)
+	c.Step()
+	waitQueued(t, c, 1, 0)
+
+	// Expired and rejected: band 1 blocked again and filled to capacity.
+	sat.set(2)
+	c.Step()
+	wg.Add(2)
+	go wait(1, context.Background(), 1)
+	go wait(2, context.Background(), 1)
+	waitQueued(t, c, 1, 2)
+	_, err = col.Wait(context.Background(), c, 1)
+	require.ErrorIs(t, err, flowcontrol.ErrQueueFull)
+
+	// Dispatched: band 0 flows at any saturation.
+	wg.Add(1)
+	go wait(3, context.Background(), 0)
+	waitQueued(t, c, 0, 1)
+	now.Add(int64(2 * time.Second))
+	c.Step() // dispatches band 0, expires both band-1 waiters
+	wg.Wait()
+	require.ErrorIs(t, errs[1], flowcontrol.ErrExpired)
+	require.ErrorIs(t, errs[2], flowcontrol.ErrExpired)
+	require.NoError(t, errs[3])
+	dones[3]()
+
+	st := c.Stats()
+	require.Equal(t, uint64(1), st.Bands[0].Dispatched)
+	require.Equal(t, uint64(2), st.Bands[1].Expired)
+	require.Equal(t, uint64(1), st.Bands[1].Cancelled)
+	require.Equal(t, uint64(1), st.Bands[1].Rejected)
+
+	fams := scrape(t, srv.URL)
+	require.Equal(t, st.Saturation, value(t, fams, "flowgate_saturation", nil).GetGauge().GetValue())
+	require.Equal(t, 2.0, st.Saturation)
+	require.Equal(t, float64(st.Ticks), value(t, fams, "flowgate_ticks_total", nil).GetCounter().GetValue())
+	for i, name := range []string{"critical", "sheddable"} {
+		b := st.Bands[i]
+		lb := map[string]string{"band": name}
+		require.Equal(t, float64(b.Queued), value(t, fams, "flowgate_queue_depth", lb).GetGauge().GetValue())
+		require.Equal(t, b.Gate.Ceiling, value(t, fams, "flowgate_band_ceiling", lb).GetGauge().GetValue())
+		require.Equal(t, float64(b.Gate.Every), value(t, fams, "flowgate_band_duty_cycle_ticks", lb).GetGauge().GetValue())
+		for outcome, want := range map[string]uint64{
+			"dispatched": b.Dispatched, "cancelled": b.Cancelled, "expired": b.Expired,
+			"closed": b.Closed, "rejected": b.Rejected,
+		} {
+			got := value(t, fams, "flowgate_requests_total", map[string]string{"band": name, "outcome": outcome})
+			require.Equal(t, float64(want), got.GetCounter().GetValue(), "%s %s", name, outcome)
+			h := value(t, fams, "flowgate_wait_seconds", map[string]string{"band": name, "outcome": outcome}).GetHistogram()
+			require.Equal(t, want, h.GetSampleCount(), "histogram %s %s", name, outcome)
+		}
+	}
+	// Gates as the soft-reflective policy sets them at s = 2.
+	require.Equal(t, flowcontrol.Gate{Ceiling: 1, Every: 1}, st.Bands[0].Gate)
+	require.Equal(t, 0, st.Bands[1].Gate.Every)
+	// The histogram measures real time (the fake clock only drives expiry).
+	h := value(t, fams, "flowgate_wait_seconds", map[string]string{"band": "sheddable", "outcome": "expired"}).GetHistogram()
+	require.GreaterOrEqual(t, h.GetSampleSum(), 0.0)
+}
+
+func TestNewValidates(t *testing.T) {
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 1, Capacity: 1, Source: &satValue{}})
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = flowmetrics.New(nil, 1, flowmetrics.Options{})
+	require.ErrorContains(t, err, "flowmetrics: nil StatsSource")
+	_, err = flowmetrics.New(c, 0, flowmetrics.Options{})
+	require.ErrorContains(t, err, "flowmetrics: bands")
+	_, err = flowmetrics.New(c, 2, flowmetrics.Options{BandNames: []string{"a", "a"}})
+	require.ErrorContains(t, err, "duplicate band label")
+	// Unnamed bands are labelled by index; the registry accepts it.
+	col, err := flowmetrics.New(c, 1, flowmetrics.Options{})
+	require.NoError(t, err)
+	require.NoError(t, prometheus.NewPedanticRegistry().Register(col))
+}
+
+func TestOutcome(t *testing.T) {
+	require.Equal(t, "dispatched", flowmetrics.Outcome(nil))
+	require.Equal(t, "cancelled", flowmetrics.Outcome(errors.Join(flowcontrol.ErrCancelled, context.Canceled)))
+	require.Equal(t, "expired", flowmetrics.Outcome(flowcontrol.ErrExpired))
+	require.Equal(t, "closed", flowmetrics.Outcome(flowcontrol.ErrClosed))
+	require.Equal(t, "rejected", flowmetrics.Outcome(flowcontrol.ErrQueueFull))
+	require.Equal(t, "", flowmetrics.Outcome(flowcontrol.ErrUnknownBand))
+}
+
+func TestObserveWaitAllocatesNothing(t *testing.T) {
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 2, Capacity: 1, Source: &satValue{}})
+	require.NoError(t, err)
+	defer c.Close()
+	col, err := flowmetrics.New(c, 2, flowmetrics.Options{})
+	require.NoError(t, err)
+	allocs := testing.AllocsPerRun(100, func() {
+		col.ObserveWait(1, nil, time.Millisecond)
+		col.ObserveWait(0, flowcontrol.ErrExpired, time.Second)
+		col.ObserveWait(7, nil, time.Second) // ignored
+	})
+	require.Zero(t, allocs)
+}
