@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -420,5 +421,101 @@ func TestSoakController(t *testing.T) {
 		tot.dispatched, tot.cancelled, tot.expired, tot.rejected, tot.closed, counts.unknown.Load(), sum, tot.notEntered)
 	for b, bs := range st.Bands {
 		t.Logf("band %d Stats: dispatched %d expired %d cancelled %d closed %d rejected %d", b, bs.Dispatched, bs.Expired, bs.Cancelled, bs.Closed, bs.Rejected)
+	}
+}
+
+// heapAfterGC returns the live heap after two collections (the second one
+// frees what the first one's finalisers and sync.Pool victim cache kept).
+func heapAfterGC() uint64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestSoakMemoryBounded: a band at capacity under sustained overload
+// rejects with ErrQueueFull instead of growing. The sheddable band is held
+// (saturation far above 1 blocks it) with Capacity waiters queued; then
+// 8 goroutines push 100× the capacity more (1000× with FLOWGATE_SOAK=long).
+// Every extra Wait must fail at once with ErrQueueFull, the band must hold
+// exactly Capacity, and the live heap after GC must not grow by more than
+// 256 KiB — a queue that grew would need at least a pointer per request,
+// 800 KiB here, and a parked goroutine (kilobytes of stack) per waiter.
+// Close then ends every queued waiter with ErrClosed.
+func TestSoakMemoryBounded(t *testing.T) {
+	const capacity = 1024
+	overload := 100 * capacity
+	if soakLong() {
+		overload = 1000 * capacity
+	}
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Bands: 2, Capacity: capacity, Source: newSat(1e6), Tick: time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Step() // apply the gate: band 1 blocked
+	if g := c.Stats().Bands[1].Gate; g.Every != 0 {
+		t.Fatalf("band 1 gate %+v, want blocked", g)
+	}
+	held := make(chan error, capacity)
+	for range capacity {
+		go func() {
+			_, err := c.Wait(context.Background(), 1)
+			held <- err
+		}()
+	}
+	waitQueued(c, 1, capacity)
+	c.Step() // still blocked: nothing leaves
+	before := heapAfterGC()
+	start := time.Now()
+
+	// Bounded: were a Wait accepted instead of rejected it would block;
+	// the context ends it (as "other") after 30 s at most.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const pushers = 8
+	var rejected, other atomic.Int64
+	var wg sync.WaitGroup
+	for range pushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range overload / pushers {
+				_, err := c.Wait(ctx, 1)
+				if errors.Is(err, flowcontrol.ErrQueueFull) {
+					rejected.Add(1)
+				} else {
+					other.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	after := heapAfterGC()
+	st := c.Stats().Bands[1]
+	if rejected.Load() != int64(overload) || other.Load() != 0 {
+		t.Fatalf("%d of %d overload Waits rejected, %d other outcomes", rejected.Load(), overload, other.Load())
+	}
+	if st.Queued != capacity || st.Rejected != uint64(overload) || st.Dispatched != 0 {
+		t.Fatalf("band 1 after overload: %+v", st)
+	}
+	growth := int64(after) - int64(before)
+	t.Logf("heap after GC: %d B with %d queued, %d B after %d rejected Waits (%+d B) in %v",
+		before, capacity, after, overload, growth, elapsed.Round(time.Millisecond))
+	if growth > 256<<10 {
+		t.Errorf("live heap grew by %d B under overload", growth)
+	}
+
+	c.Close()
+	for range capacity {
+		if err := <-held; !errors.Is(err, flowcontrol.ErrClosed) {
+			t.Fatalf("held waiter: %v, want ErrClosed", err)
+		}
+	}
+	if st := c.Stats().Bands[1]; st.Closed != capacity || st.Queued != 0 {
+		t.Fatalf("after Close: %+v", st)
 	}
 }
