@@ -32,7 +32,6 @@ const backendHeader = "x-test-backend"
 type chaosBackend struct {
 	name     string
 	received atomic.Int64
-	quit     chan struct{} // closed at the end: hanging handlers return
 	h        http.Handler
 }
 
