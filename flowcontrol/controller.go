@@ -33,10 +33,14 @@ type ControllerConfig struct {
 }
 
 // Ticket states. A ticket leaves stateWaiting exactly once, by a
-// compare-and-swap: the dispatcher's side sets dispatched, expired or
-// closed; the waiter's side sets cancelled. Whoever wins decides the outcome.
+// compare-and-swap: the dispatcher's Live hook sets claimed, the waiter's
+// side sets cancelled. Whoever wins decides who reports the outcome. After a
+// claim the dispatcher stores the outcome (dispatched, expired or closed)
+// with a plain store before it signals ch; the channel send orders that
+// store before the waiter's load.
 const (
 	stateWaiting uint32 = iota
+	stateClaimed
 	stateDispatched
 	stateExpired
 	stateClosed
@@ -116,10 +120,12 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	return c, nil
 }
 
-// claim is the dispatcher's Live hook: it wins the ticket for dispatch
-// unless the waiter has already cancelled.
+// claim is the dispatcher's Live hook, called once per ticket before the
+// dispatcher decides its outcome (dispatch, expiry or close): it wins the
+// ticket unless the waiter has already cancelled. A lost claim makes the
+// dispatcher count the ticket as cancelled, so Stats agrees with Wait.
 func (c *Controller) claim(t *ticket) bool {
-	return t.state.CompareAndSwap(stateWaiting, stateDispatched)
+	return t.state.CompareAndSwap(stateWaiting, stateClaimed)
 }
 
 func (c *Controller) onDispatch(_ int, t *ticket) {
@@ -129,24 +135,23 @@ func (c *Controller) onDispatch(_ int, t *ticket) {
 	if c.hook != nil {
 		c.hook.Inc()
 	}
+	t.state.Store(stateDispatched)
 	t.ch <- struct{}{}
 }
 
 func (c *Controller) onDrop(_ int, t *ticket, reason error) {
-	st := stateClosed
 	switch reason {
 	case ErrCancelled:
-		// The waiter cancelled and left: the ticket is ours to recycle.
+		// The claim failed: the waiter cancelled and left, so the
+		// ticket is ours to recycle.
 		c.pool.Put(t)
 		return
 	case ErrExpired:
-		st = stateExpired
+		t.state.Store(stateExpired)
+	default:
+		t.state.Store(stateClosed)
 	}
-	if t.state.CompareAndSwap(stateWaiting, st) {
-		t.ch <- struct{}{}
-		return
-	}
-	c.pool.Put(t) // cancelled meanwhile; the waiter is gone
+	t.ch <- struct{}{}
 }
 
 // Wait blocks until the request is released on band and returns a done func
@@ -166,8 +171,8 @@ func (c *Controller) onDrop(_ int, t *ticket, reason error) {
 // A Wait cancelled while queued returns at once, but its ticket keeps its
 // place (and its slot of Capacity) until the dispatcher reaches it: when the
 // band next opens, when it expires, or at Close. The dispatcher then skips
-// it without spending the band's burst and counts it in Stats as cancelled
-// (or as expired or closed, if that is what it found first).
+// it without spending the band's burst and counts it in Stats as cancelled,
+// whichever way it reached it, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)

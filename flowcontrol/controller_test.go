@@ -230,11 +230,12 @@ func TestControllerStress(t *testing.T) {
 	if st.dispatched != uint64(outcomes[0].Load()) || st.rejected != uint64(outcomes[3].Load()) {
 		t.Fatalf("dispatched %d vs %d Waits released; rejected %d vs %d full", st.dispatched, outcomes[0].Load(), st.rejected, outcomes[3].Load())
 	}
-	// A Wait cancelled while queued is counted by the dispatcher when it
-	// reaches the ticket, as cancelled (or expired/closed if that came
-	// first); a Wait cancelled before enqueueing is not counted at all.
+	// Stats agrees with Wait: an expiry is counted as such exactly; a Wait
+	// cancelled while queued is counted as cancelled whichever way the
+	// dispatcher reaches its ticket. Waits cancelled or closed before they
+	// were enqueued are not the dispatcher's to count, hence <= there.
 	exp, cl, can := uint64(outcomes[2].Load()), uint64(outcomes[4].Load()), uint64(outcomes[1].Load())
-	if st.expired < exp || st.closed > cl+can || st.expired+st.cancelled+st.closed > exp+cl+can || st.expired+st.closed+st.cancelled < exp {
+	if st.expired != exp || st.closed > cl || st.cancelled > can {
 		t.Fatalf("stats %+v vs Wait outcomes expired %d closed %d cancelled %d", st, exp, cl, can)
 	}
 	if c.InFlight() != 0 || hook.inc.Load() != outcomes[0].Load() || hook.dec.Load() != outcomes[0].Load() {

@@ -48,12 +48,16 @@ type DispatcherConfig[T any] struct {
 	// reason ErrExpired, ErrCancelled or ErrClosed. It runs on the tick's
 	// goroutine (or Close's) under the same rules as Dispatch.
 	OnDrop func(band int, item T, reason error)
-	// Live, if set, is called exactly once for each item the dispatcher is
-	// about to dispatch, immediately before Dispatch. Returning false drops
-	// the item with ErrCancelled without spending the band's burst. A Live
-	// that claims the item (a compare-and-swap on its state) makes the
-	// choice between dispatch and the owner's cancellation race free; this
-	// is how Controller uses it.
+	// Live, if set, is called exactly once for each item when the
+	// dispatcher decides its fate: immediately before Dispatch, and before
+	// OnDrop with ErrExpired or ErrClosed. Returning false ends the item as
+	// cancelled instead (OnDrop with ErrCancelled, counted as cancelled)
+	// without spending the band's burst. Asking before a drop too keeps
+	// Stats in agreement with what the owner saw: an item its owner gave up
+	// on is counted as cancelled even when the dispatcher reaches it by
+	// expiry or Close. A Live that claims the item (a compare-and-swap on
+	// its state) makes the choice between the dispatcher's outcome and the
+	// owner's cancellation race free; this is how Controller uses it.
 	Live func(item T) bool
 	// Now is the clock for enqueue times and expiry. Nil means time.Now.
 	// Tests and simulators pass a virtual clock and call Step.
@@ -326,7 +330,7 @@ func (d *Dispatcher[T]) run(advance bool) {
 // that race window — nanoseconds — late, typically the same tick.) To look
 // at the head the dispatcher pops it into b.head, where it stays queued.
 func (d *Dispatcher[T]) expireHead(i int, b *band[T], now int64) {
-	var expired uint64
+	var expired, cancelled uint64
 	for {
 		if !b.hasHead {
 			e, ok := b.ring.TryPop()
@@ -341,13 +345,41 @@ func (d *Dispatcher[T]) expireHead(i int, b *band[T], now int64) {
 		item := b.head.item
 		b.head, b.hasHead = entry[T]{}, false
 		b.queued.Add(-1)
-		expired++
-		if d.onDrop != nil {
-			d.onDrop(i, item, ErrExpired)
+		if d.drop(i, item, ErrExpired) == ErrExpired {
+			expired++
+		} else {
+			cancelled++
 		}
+	}
+	b.count(0, expired, cancelled)
+}
+
+// drop ends an item that is not dispatched. Live is asked first (see
+// DispatcherConfig.Live), so an item whose owner already gave up ends as
+// cancelled whatever the dispatcher found. It returns the reason the item
+// ended with.
+func (d *Dispatcher[T]) drop(i int, item T, reason error) error {
+	if d.live != nil && !d.live(item) {
+		reason = ErrCancelled
+	}
+	if d.onDrop != nil {
+		d.onDrop(i, item, reason)
+	}
+	return reason
+}
+
+// count adds a tick's outcomes to the band's counters. Only the goroutine
+// holding Dispatcher.mu writes them, so a load and a store suffice (no
+// read-modify-write atomics); Stats reads them concurrently.
+func (b *band[T]) count(sent, expired, cancelled uint64) {
+	if sent > 0 {
+		b.dispatched.Store(b.dispatched.Load() + sent)
 	}
 	if expired > 0 {
 		b.expired.Store(b.expired.Load() + expired)
+	}
+	if cancelled > 0 {
+		b.cancelled.Store(b.cancelled.Load() + cancelled)
 	}
 }
 
@@ -368,9 +400,10 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		}
 		b.queued.Add(-1)
 		if e.due != 0 && now >= e.due {
-			expired++
-			if d.onDrop != nil {
-				d.onDrop(i, e.item, ErrExpired)
+			if d.drop(i, e.item, ErrExpired) == ErrExpired {
+				expired++
+			} else {
+				cancelled++
 			}
 			continue
 		}
@@ -386,15 +419,7 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		sent++
 		d.dispatch(i, e.item)
 	}
-	if sent > 0 {
-		b.dispatched.Store(b.dispatched.Load() + sent)
-	}
-	if expired > 0 {
-		b.expired.Store(b.expired.Load() + expired)
-	}
-	if cancelled > 0 {
-		b.cancelled.Store(b.cancelled.Load() + cancelled)
-	}
+	b.count(sent, expired, cancelled)
 }
 
 // Run ticks at once and then every Tick on the real clock and, between
@@ -441,7 +466,7 @@ func (d *Dispatcher[T]) Close() {
 	defer d.mu.Unlock()
 	for i := range d.bands {
 		b := &d.bands[i]
-		var n uint64
+		var n, cancelled uint64
 		for {
 			var e entry[T]
 			if b.hasHead {
@@ -461,12 +486,14 @@ func (d *Dispatcher[T]) Close() {
 				}
 			}
 			b.queued.Add(-1)
-			n++
-			if d.onDrop != nil {
-				d.onDrop(i, e.item, ErrClosed)
+			if d.drop(i, e.item, ErrClosed) == ErrClosed {
+				n++
+			} else {
+				cancelled++
 			}
 		}
 		b.closed.Store(b.closed.Load() + n)
+		b.count(0, 0, cancelled)
 		b.budget = 0
 	}
 }

@@ -22,7 +22,8 @@ type modelItem struct {
 // model is a straightforward sequential re-statement of the dispatcher's
 // contract over gods queues: per band FIFO, tick counts since the last
 // dispatch, a per-tick budget, expiry at the due tick, dead items skipped
-// without spending the budget, Close ending everything with ErrClosed.
+// without spending the budget, Close ending everything with ErrClosed; an
+// item whose owner gave up ends as cancelled whichever way it is reached.
 type model struct {
 	policy   flowcontrol.CeilingPolicy
 	bands    []*linkedlistqueue.Queue[modelItem]
@@ -49,6 +50,14 @@ func (m *model) end(band int, it modelItem, reason error, events *[]event) {
 	m.counts[band][reasonName(reason)]++
 }
 
+// drop ends an undispatched item: cancelled if its owner gave up, else reason.
+func (m *model) drop(band int, it modelItem, reason error, events *[]event) {
+	if m.dead[it.id] {
+		reason = flowcontrol.ErrCancelled
+	}
+	m.end(band, it, reason, events)
+}
+
 func (m *model) step(now int64, sat float64, advance bool) []event {
 	var ev []event
 	if m.closed {
@@ -73,7 +82,7 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 					break
 				}
 				q.Dequeue()
-				m.end(b, it, flowcontrol.ErrExpired, &ev)
+				m.drop(b, it, flowcontrol.ErrExpired, &ev)
 			}
 		}
 	}
@@ -86,7 +95,7 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 			}
 			switch {
 			case it.due != 0 && now >= it.due:
-				m.end(b, it, flowcontrol.ErrExpired, &ev)
+				m.drop(b, it, flowcontrol.ErrExpired, &ev)
 			case m.dead[it.id]:
 				m.end(b, it, flowcontrol.ErrCancelled, &ev)
 			default:
@@ -216,7 +225,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 							if !ok {
 								break
 							}
-							m.end(b, it, flowcontrol.ErrClosed, &want)
+							m.drop(b, it, flowcontrol.ErrClosed, &want)
 						}
 					}
 				}

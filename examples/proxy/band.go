@@ -11,6 +11,10 @@ import (
 // Inference Extension; the proxy maps it to a band through Config.Objectives.
 const ObjectiveHeader = "x-gateway-inference-objective"
 
+// objectiveKey is ObjectiveHeader in canonical form, so that the lookup
+// does not canonicalise (and allocate) on every request.
+var objectiveKey = http.CanonicalHeaderKey(ObjectiveHeader)
+
 // Where a request's band came from (the x-flowgate-band-source response
 // header and the logs say which).
 const (
@@ -33,7 +37,8 @@ const (
 // It never fails: a malformed body or header only means the next rule
 // applies (the body is forwarded untouched and the model server judges it).
 func bandFor(cfg *Config, h http.Header, body []byte) (band int, source string) {
-	if v := h.Get(ObjectiveHeader); v != "" {
+	if vs := h[objectiveKey]; len(vs) > 0 && vs[0] != "" {
+		v := vs[0]
 		if b, ok := cfg.Objectives[v]; ok {
 			return b, sourceHeader
 		}
@@ -51,6 +56,13 @@ func bandFor(cfg *Config, h http.Header, body []byte) (band int, source string) 
 func bodyPriority(body []byte) (int64, bool) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
+		return 0, false
+	}
+	// Cheap exit for the common request without a priority: the key is
+	// written either literally or with a \u escape (no other JSON escape
+	// can spell one of its letters), so a body with neither has no such key
+	// and would decode to the same answer.
+	if !bytes.Contains(body, []byte("priority")) && !bytes.Contains(body, []byte(`\u`)) {
 		return 0, false
 	}
 	// A map, not a struct: encoding/json matches struct fields without

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 )
 
 func TestParseConfigSample(t *testing.T) {
@@ -170,6 +172,54 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if cfg.Saturation.ScrapeInterval <= 0 || cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
 			t.Fatalf("saturation %+v", cfg.Saturation)
+		}
+	})
+}
+
+// TestParseConfigBandsProperty: any set of bands with unique names and
+// priorities, written in any order, parses into the bands sorted by
+// descending priority, each band's name mapping to its index, the default
+// band being the one named, and capacities and waits kept.
+func TestParseConfigBandsProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 8).Draw(t, "bands")
+		prios := rapid.SliceOfNDistinct(rapid.IntRange(-1000, 1000), n, n, rapid.ID[int]).Draw(t, "priorities")
+		caps := rapid.SliceOfN(rapid.IntRange(1, 1<<20), n, n).Draw(t, "capacities")
+		waits := rapid.SliceOfN(rapid.IntRange(0, 3600), n, n).Draw(t, "waits")
+		def := rapid.IntRange(0, n-1).Draw(t, "default")
+		var src strings.Builder
+		src.WriteString("flowControl:\n  priorityBands:\n")
+		for i := range n {
+			fmt.Fprintf(&src, "    - {name: b%d, priority: %d, capacity: %d, maxWait: %ds}\n", i, prios[i], caps[i], waits[i])
+		}
+		fmt.Fprintf(&src, "  defaultPriorityBand: b%d\n", def)
+		cfg, err := ParseConfig(strings.NewReader(src.String()))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, src.String())
+		}
+		if len(cfg.Bands) != n {
+			t.Fatalf("%d bands, want %d", len(cfg.Bands), n)
+		}
+		for i, b := range cfg.Bands {
+			if i > 0 && b.Priority >= cfg.Bands[i-1].Priority {
+				t.Fatalf("not sorted: %+v", cfg.Bands)
+			}
+			var k int
+			if _, err := fmt.Sscanf(b.Name, "b%d", &k); err != nil {
+				t.Fatal(err)
+			}
+			if b.Priority != prios[k] || b.Capacity != caps[k] || b.MaxWait != time.Duration(waits[k])*time.Second {
+				t.Fatalf("band %d (%s) = %+v", i, b.Name, b)
+			}
+			if cfg.Objectives[b.Name] != i {
+				t.Fatalf("objective %s → %d, want %d", b.Name, cfg.Objectives[b.Name], i)
+			}
+		}
+		if cfg.Bands[cfg.DefaultBand].Name != fmt.Sprintf("b%d", def) {
+			t.Fatalf("default band %d is %s, want b%d", cfg.DefaultBand, cfg.Bands[cfg.DefaultBand].Name, def)
+		}
+		if cfg.Objectives["critical"] != 0 || cfg.Objectives["sheddable"] != n-1 {
+			t.Fatalf("critical/sheddable defaults: %v", cfg.Objectives)
 		}
 	})
 }

@@ -133,6 +133,11 @@ func scaleConfig(cfg Config, speedUp float64) Config {
 	for i := range cfg.Bands {
 		cfg.Bands[i].MaxWait = scale(cfg.Bands[i].MaxWait)
 	}
+	tick := cfg.Tick
+	if tick == 0 {
+		tick = flowcontrol.DefaultTick
+	}
+	cfg.Tick = max(scale(tick), 50*time.Microsecond)
 	cfg.Saturation.ScrapeInterval = max(scale(cfg.Saturation.ScrapeInterval), time.Millisecond)
 	cfg.Saturation.MetricsStalenessThreshold = max(scale(cfg.Saturation.MetricsStalenessThreshold), 4*cfg.Saturation.ScrapeInterval)
 	return cfg

@@ -169,6 +169,9 @@ wait:
 		}
 	}
 	res.Wall = time.Since(start)
+	if progress != nil {
+		progress(sent, int(finished.Load()))
+	}
 	return res, nil
 }
 

@@ -382,10 +382,11 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 		return code, reason
 	}
 	// A band's own capacity, when smaller than the controller's (which
-	// holds the largest band's), is enforced here.
+	// holds the largest band's: ControllerConfig has one Capacity for all
+	// bands), is enforced here. Such refusals are counted only in
+	// flowgate_proxy_responses_total, not in the controller's Stats.
 	if p.waiting[band].Add(1) > p.capacity[band] {
 		p.waiting[band].Add(-1)
-		p.col.ObserveWait(band, flowcontrol.ErrQueueFull, 0)
 		return refuse(http.StatusTooManyRequests, reasonQueueFull)
 	}
 	done, err := p.col.Wait(r.Context(), p.ctrl, band)

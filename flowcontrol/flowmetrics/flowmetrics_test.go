@@ -218,3 +218,60 @@ func TestObserveWaitAllocatesNothing(t *testing.T) {
 	})
 	require.Zero(t, allocs)
 }
+
+// TestHistogramAgreesWithStatsOnLateReap: a waiter cancelled while its band
+// is blocked is reaped later, at its expiry; the waiter's outcome (the
+// histogram's) and the dispatcher's count (Stats') must still agree.
+func TestHistogramAgreesWithStatsOnLateReap(t *testing.T) {
+	var now atomic.Int64
+	base := time.Unix(1000, 0)
+	sat := &satValue{}
+	sat.set(2) // band 1 blocked
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Bands: 2, Capacity: 4, Source: sat, Policy: flowcontrol.NewSoftReflective(),
+		Now:     func() time.Time { return base.Add(time.Duration(now.Load())) },
+		MaxWait: []time.Duration{0, time.Second},
+	})
+	require.NoError(t, err)
+	defer c.Close()
+	col, err := flowmetrics.New(c, 2, flowmetrics.Options{})
+	require.NoError(t, err)
+	c.Step()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := col.Wait(ctx, c, 1); errc <- err }()
+	waitQueued(t, c, 1, 1)
+	cancel()
+	require.ErrorIs(t, <-errc, flowcontrol.ErrCancelled)
+	now.Add(int64(2 * time.Second))
+	c.Step() // the dead entry falls due while the band is still blocked
+	st := c.Stats().Bands[1]
+	require.Equal(t, 0, st.Queued)
+	require.Equal(t, uint64(1), st.Cancelled, "stats: %+v", st)
+	require.Zero(t, st.Expired)
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(col))
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	var counter, hist float64
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["band"] != "1" || labels["outcome"] != "cancelled" {
+				continue
+			}
+			switch f.GetName() {
+			case "flowgate_requests_total":
+				counter = m.GetCounter().GetValue()
+			case "flowgate_wait_seconds":
+				hist = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	require.Equal(t, 1.0, counter)
+	require.Equal(t, 1.0, hist)
+}
