@@ -381,15 +381,12 @@ func TestSoakController(t *testing.T) {
 			t.Errorf("band %d: Stats dispatched %d rejected %d, callers saw %d released, %d rejected", b, bs.Dispatched, bs.Rejected, d, r)
 		}
 		// Every request that entered the queue and was not released is
-		// one drop in Stats. The reason may differ: a waiter that
-		// cancelled is counted by the dispatcher when it reaches the
-		// ticket, as expired or closed if that is what it finds first.
-		if drops := uint64(canIn + expIn + clIn); bs.Dropped() != drops {
-			t.Errorf("band %d: Stats drops %d (expired %d cancelled %d closed %d) != callers' %d (expired %d cancelled %d closed %d, in the queue)",
-				b, bs.Dropped(), bs.Expired, bs.Cancelled, bs.Closed, drops, expIn, canIn, clIn)
-		}
-		if bs.Expired < uint64(expIn) || bs.Closed < uint64(clIn) || bs.Cancelled > uint64(canIn) {
-			t.Errorf("band %d: Stats expired %d closed %d cancelled %d vs callers' %d, %d, %d", b, bs.Expired, bs.Closed, bs.Cancelled, expIn, clIn, canIn)
+		// one drop in Stats, under the reason its Wait returned (a
+		// waiter that cancelled is counted as cancelled even when the
+		// dispatcher reaches its ticket by expiry or Close).
+		if bs.Expired != uint64(expIn) || bs.Cancelled != uint64(canIn) || bs.Closed != uint64(clIn) {
+			t.Errorf("band %d: Stats expired %d cancelled %d closed %d, callers saw (in the queue) expired %d cancelled %d closed %d",
+				b, bs.Expired, bs.Cancelled, bs.Closed, expIn, canIn, clIn)
 		}
 	}
 	sum := tot.dispatched + tot.cancelled + tot.expired + tot.rejected + tot.closed + counts.unknown.Load() + counts.other.Load()
