@@ -112,10 +112,10 @@ const soakBands = 4
 //     expired, rejected, closed, unknown band) and only in an outcome its
 //     inputs allow (no cancellation without a context that ends, no expiry
 //     in the band without MaxWait);
-//   - the dispatcher's Stats agree: dispatched and rejected per band
-//     exactly; the drops it counted are the callers' expired, cancelled and
-//     closed outcomes minus those that never entered the queue; nothing is
-//     left queued;
+//   - the dispatcher's Stats agree exactly, per band: dispatched, rejected,
+//     and expired, cancelled and closed for the requests that entered the
+//     queue (probeCtx tells which did); requests = entered + rejected +
+//     unknown band + ended before entering; nothing is left queued;
 //   - done is counted once: each released request calls done once or
 //     twice, and a stale done from the previous request is called again
 //     after the ticket may have been reused; the InFlight hook saw as many
