@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,18 +36,25 @@ type LoadSpec struct {
 	// after the last arrival; requests still open then are cancelled and
 	// counted as such.
 	Drain time.Duration
+	// PlainSheddable sends sheddable requests without streaming: their
+	// TTFT is then not measured (E2E is), and the run costs far less CPU
+	// (no per-token events), which keeps a loaded test machine from
+	// slowing the real-time backends.
+	PlainSheddable bool
 }
 
 // ClassResult is what one class of requests (critical or sheddable) saw.
 type ClassResult struct {
-	Sent     int
-	Status   map[int]int    // HTTP status → count
-	Reasons  map[string]int // x-flowgate-reason of refused requests
-	Errors   int            // transport errors: no response at all
-	Cut      int            // 200 whose stream ended without [DONE]
-	TTFT     []time.Duration
-	E2E      []time.Duration
-	statusMu sync.Mutex
+	Sent    int
+	Status  map[int]int    // HTTP status → count
+	Reasons map[string]int // x-flowgate-reason of refused requests
+	Errors  int            // transport errors: no response at all
+	Cut     int            // 200 whose stream ended without [DONE] (or unreadable body)
+	// Completed counts 200 responses read to the end.
+	Completed int
+	TTFT      []time.Duration // streamed requests only
+	E2E       []time.Duration // every completed request
+	statusMu  sync.Mutex
 }
 
 // Answered counts requests that received any HTTP response.
@@ -140,12 +148,13 @@ arrivals:
 		cls.statusMu.Unlock()
 		sent++
 		in := min(a.Input, maxIn)
-		body := `{"model":"demo","prompt":"` + prompt[:4*in] + `","max_tokens":` + strconv.Itoa(a.Output) + `,"stream":true}`
+		stream := a.Critical || !spec.PlainSheddable
+		body := `{"model":"demo","prompt":"` + prompt[:4*in] + `","max_tokens":` + strconv.Itoa(a.Output) + `,"stream":` + strconv.FormatBool(stream) + `}`
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer finished.Add(1)
-			one(reqCtx, client, target, objective, body, cls)
+			one(reqCtx, client, target, objective, body, stream, cls)
 		}()
 	}
 	// Drain: wait for every response, cancelling what is left at the bound.
@@ -181,7 +190,7 @@ var (
 )
 
 // one sends a streaming request and records its outcome in cls.
-func one(ctx context.Context, client *http.Client, target, objective, body string, cls *ClassResult) {
+func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, strings.NewReader(body))
 	if err != nil {
 		cls.record(func() { cls.Errors++ })
@@ -204,6 +213,23 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 			if reason != "" {
 				cls.Reasons[reason]++
 			}
+		})
+		return
+	}
+	if !stream {
+		var out struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		err := json.NewDecoder(resp.Body).Decode(&out)
+		e2e := time.Since(sentAt)
+		cls.record(func() {
+			cls.Status[http.StatusOK]++
+			if err != nil || len(out.Choices) == 0 {
+				cls.Cut++
+				return
+			}
+			cls.Completed++
+			cls.E2E = append(cls.E2E, e2e)
 		})
 		return
 	}
@@ -231,6 +257,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 			cls.Cut++
 			return
 		}
+		cls.Completed++
 		cls.TTFT = append(cls.TTFT, ttft)
 		cls.E2E = append(cls.E2E, e2e)
 	})
@@ -246,7 +273,7 @@ func (c *ClassResult) record(f func()) {
 // reason, cut, transport errors.
 func (c *ClassResult) summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "sent %d, completed %d", c.Sent, len(c.TTFT))
+	fmt.Fprintf(&b, "sent %d, completed %d", c.Sent, c.Completed)
 	codes := make([]int, 0, len(c.Status))
 	for code := range c.Status {
 		if code != http.StatusOK {

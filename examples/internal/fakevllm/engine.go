@@ -58,6 +58,7 @@ type engine struct {
 
 	steps     atomic.Uint64
 	completed atomic.Uint64
+	lost      atomic.Int64 // wall-clock nanoseconds the driver fell behind and forgave
 }
 
 func newEngine(cfg vllm.Config, speedUp float64) (*engine, error) {
@@ -148,7 +149,9 @@ func (e *engine) loop() {
 		elapsed += d
 		target := anchor.Add(time.Duration(float64(elapsed) / e.speedUp))
 		if lag := now.Sub(target); lag > maxLag {
-			// Too far behind: forget the debt rather than burst.
+			// Too far behind: forget the debt rather than burst, and
+			// count it: the model ran slower than real time by lag.
+			e.lost.Add(int64(lag))
 			anchor, elapsed = now, 0
 			target = now
 		}

@@ -112,6 +112,12 @@ func (s *Server) Close() { s.eng.close() }
 // Completed returns the number of requests the model has finished.
 func (s *Server) Completed() uint64 { return s.eng.completed.Load() }
 
+// Lost returns the wall-clock time by which the model's driver fell behind
+// real time (scaled by SpeedUp) and gave up catching up: on a machine too
+// busy to run the model at speed, latencies measured against this server
+// are not those of the modelled hardware. Zero on a machine that keeps up.
+func (s *Server) Lost() time.Duration { return time.Duration(s.eng.lost.Load()) }
+
 // Metrics returns the gauges /metrics serves (as of the last model step).
 func (s *Server) Metrics() vllm.Metrics { return s.eng.snapshot() }
 
