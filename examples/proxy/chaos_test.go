@@ -172,7 +172,9 @@ func TestChaosBackends(t *testing.T) {
 		total = 5000
 	}
 	const clients = 16
-	const clientTimeout = 2 * time.Second
+	// Long enough that only the hanging backend's requests reach it, even
+	// on a loaded CI machine under -race; they pin a client each for this long.
+	const clientTimeout = 5 * time.Second
 	quit := make(chan struct{})
 
 	fake, err := fakevllm.New(fakevllm.Config{SpeedUp: 50})
