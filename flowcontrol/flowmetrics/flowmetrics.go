@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -97,12 +98,22 @@ func New(src StatsSource, bands int, opts Options) (*Collector, error) {
 	if buckets == nil {
 		buckets = DefaultBuckets
 	}
+	// client_golang panics on these when the histogram is first used;
+	// refuse them here instead.
+	for i, b := range buckets {
+		if b != b || (i > 0 && !(b > buckets[i-1])) {
+			return nil, fmt.Errorf("flowmetrics: Buckets must be strictly increasing numbers, got %v", buckets)
+		}
+	}
 	names := make([]string, bands)
 	seen := map[string]bool{}
 	for i := range names {
 		names[i] = strconv.Itoa(i)
 		if i < len(opts.BandNames) && opts.BandNames[i] != "" {
 			names[i] = opts.BandNames[i]
+		}
+		if !utf8.ValidString(names[i]) {
+			return nil, fmt.Errorf("flowmetrics: BandNames[%d] %q is not valid UTF-8", i, names[i])
 		}
 		if seen[names[i]] {
 			return nil, fmt.Errorf("flowmetrics: BandNames: duplicate band label %q", names[i])
@@ -132,6 +143,12 @@ func New(src StatsSource, bands int, opts Options) (*Collector, error) {
 			Buckets:     buckets,
 			ConstLabels: cl,
 		}, []string{"band", "outcome"}),
+	}
+	// An invalid namespace or constant label (bad name, bad UTF-8, a clash
+	// with the band or outcome label) makes a descriptor invalid: report it
+	// now rather than at the host's registration (MustRegister panics).
+	if err := prometheus.NewPedanticRegistry().Register(c); err != nil {
+		return nil, fmt.Errorf("flowmetrics: Namespace or ConstLabels: %w", err)
 	}
 	c.observers = make([][len(outcomes)]prometheus.Observer, bands)
 	for b := range bands {

@@ -289,7 +289,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, st *stream, chat
 	if chat {
 		idStr, object = "chatcmpl-"+strconv.FormatUint(id, 10), "chat.completion.chunk"
 	}
-	head := fmt.Sprintf(`{"id":%q,"object":%q,"created":%d,"model":%q,"choices":[{"index":0,`, idStr, object, s.created, model)
+	// JSON string quoting, not Go's %q: the model name is the client's and
+	// may hold control characters or invalid UTF-8.
+	quote := func(v string) []byte { b, _ := json.Marshal(v); return b }
+	head := fmt.Sprintf(`{"id":%s,"object":%s,"created":%d,"model":%s,"choices":[{"index":0,`, quote(idStr), quote(object), s.created, quote(model))
 	var buf bytes.Buffer
 	sent := 0
 	for {

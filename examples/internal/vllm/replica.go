@@ -118,8 +118,8 @@ func (r *Replica) Add(q *Request) error {
 		return fmt.Errorf("%w: Input %d must be >= 1", ErrInvalidRequest, q.Input)
 	case q.Output < 1:
 		return fmt.Errorf("%w: Output %d must be >= 1", ErrInvalidRequest, q.Output)
-	case q.Input+q.Output > r.cfg.MaxModelLen:
-		return fmt.Errorf("%w: Input+Output %d exceeds MaxModelLen %d", ErrInvalidRequest, q.Input+q.Output, r.cfg.MaxModelLen)
+	case q.Input > r.cfg.MaxModelLen-q.Output: // Input+Output > MaxModelLen, without overflowing
+		return fmt.Errorf("%w: Input %d + Output %d exceeds MaxModelLen %d", ErrInvalidRequest, q.Input, q.Output, r.cfg.MaxModelLen)
 	case r.blocksFor(q.Input+q.Output-1) > r.cfg.TotalBlocks:
 		// The last sampled token is never computed, so a sequence caches Input+Output−1.
 		return fmt.Errorf("%w: Input+Output %d needs more than the %d KV blocks", ErrInvalidRequest, q.Input+q.Output, r.cfg.TotalBlocks)

@@ -97,9 +97,11 @@ func NewGenerator(w Workload, qps, cv float64, seed, stream uint64) (*Generator,
 }
 
 func (g *Generator) length(mu, sigma, mean float64) int {
-	v := math.Exp(mu + sigma*g.rng.NormFloat64())
-	n := int(math.Round(v))
-	return min(max(n, 1), int(4*mean))
+	v := math.Round(math.Exp(mu + sigma*g.rng.NormFloat64()))
+	// Clamp in float64: 4·mean (or a sample) of a large custom mean does
+	// not fit an int. Capping at MaxModelLen−1 leaves the other length at
+	// least 1 when Next trims the pair to MaxModelLen.
+	return int(min(max(v, 1), 4*mean, MaxModelLen-1))
 }
 
 // Next returns the next arrival.

@@ -1,0 +1,77 @@
+package cluster
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flowgate/flowgate/examples/internal/workload"
+)
+
+// FuzzConfig fuzzes the simulator's configuration: what validate's
+// documented rules refuse is an ErrInvalidConfig error; anything else
+// either fails with a "cluster: " error or runs (when small enough for a
+// fuzz iteration) with every request ending exactly once (completed,
+// rejected or unfinished at the drain limit; checkInvariants when all
+// finished).
+// Never a panic.
+func FuzzConfig(f *testing.F) {
+	f.Add(10.0, true, int64(50*time.Millisecond), int64(0), 2, 1, int64(0), 0, int64(0), 0, -1.0)
+	f.Add(40.0, false, int64(20*time.Millisecond), int64(time.Second), 1, 2, int64(time.Millisecond), 4, int64(10*time.Millisecond), 16, 0.0)
+	f.Add(0.0, true, int64(time.Second), int64(0), 0, 0, int64(0), 0, int64(0), 0, 0.5)
+	f.Add(math.Inf(1), true, int64(time.Millisecond), int64(0), 1, 1, int64(0), 0, int64(0), 0, 0.5)
+	f.Add(math.NaN(), false, int64(-1), int64(-1), -1, -1, int64(-1), -1, int64(-1), -1, math.NaN())
+	f.Add(1e-300, true, int64(time.Millisecond), int64(0), 1, 1, int64(0), 0, int64(0), 1, math.Inf(1))
+	f.Fuzz(func(t *testing.T, qps float64, soft bool, duration, drain int64, replicas, gateways int, tick int64, burst int, scrape int64, capacity int, cv float64) {
+		cfg := Config{Workload: workload.Chat, QPS: qps, Policy: Static, Duration: time.Duration(duration),
+			DrainLimit: time.Duration(drain), Seed: 1, Replicas: replicas, Gateways: gateways, Tick: time.Duration(tick),
+			Burst: burst, Scrape: time.Duration(scrape), Capacity: capacity, CV: cv}
+		if soft {
+			cfg.Policy = SoftReflective
+		}
+		valid := qps > 0 && !math.IsInf(qps, 1) && duration > 0 && drain >= 0 && replicas >= 0 && gateways >= 0 &&
+			tick >= 0 && burst >= 0 && scrape >= 0 && capacity >= 0
+		small := valid && qps*float64(duration)/1e9 <= 200 && duration <= int64(time.Second) &&
+			(drain == 0 && duration <= int64(50*time.Millisecond) || drain > 0 && drain <= int64(time.Second)) &&
+			replicas <= 4 && gateways <= 4 && (tick == 0 || tick >= int64(100*time.Microsecond)) &&
+			(scrape == 0 || scrape >= int64(time.Millisecond)) && capacity <= 1<<12 && (capacity > 0 || qps <= 1000)
+		if valid && !small {
+			t.Skip("valid, but too large to simulate in a fuzz iteration")
+		}
+		s, err := run(cfg)
+		if !valid {
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("run(%+v) = %v, want ErrInvalidConfig", cfg, err)
+			}
+			return
+		}
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "cluster: ") {
+				t.Fatalf("error %q lacks the package prefix", err)
+			}
+			return
+		}
+		// Every request ends exactly once: completed, rejected (queue
+		// full) or unfinished at the drain limit; bands add up.
+		res := s.result()
+		n := len(s.reqs)
+		ended := res.Critical.Completed + res.Sheddable.Completed + res.Critical.Rejected + res.Sheddable.Rejected + res.Unfinished
+		if res.Critical.Requests+res.Sheddable.Requests != n || ended != n {
+			t.Fatalf("%d requests: %+v", n, res)
+		}
+		var dispatched uint64
+		for _, g := range s.gws {
+			for _, b := range g.d.Stats().Bands {
+				dispatched += b.Dispatched
+			}
+		}
+		if dispatched > uint64(n) {
+			t.Fatalf("%d dispatches for %d requests", dispatched, n)
+		}
+		if res.Unfinished == 0 && res.Critical.Rejected+res.Sheddable.Rejected == 0 {
+			checkInvariants(t, s)
+		}
+	})
+}
