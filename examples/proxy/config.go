@@ -35,7 +35,7 @@ import (
 //	  kvCacheUtilThreshold: 0.8
 //	  metricsStalenessThreshold: 200ms
 //	  scrapeInterval: 50ms
-//	  inFlightCredit: false
+//	  inFlightCredit: true
 //
 // Band priorities follow the Gateway API Inference Extension convention
 // (InferenceObjective.priority: higher is more important): bands are sorted by
@@ -147,7 +147,10 @@ func DefaultConfig() Config {
 			KVCacheUtilThreshold:      0.8,
 			MetricsStalenessThreshold: 200 * time.Millisecond,
 			ScrapeInterval:            50 * time.Millisecond,
-			InFlightCredit:            false,
+			// On: the poller sees a forwarded request at once rather
+			// than a scrape later. The demo turns it off to compare
+			// the policies as the published experiment did.
+			InFlightCredit: true,
 		},
 	}
 }

@@ -27,6 +27,7 @@ func TestParseConfigSample(t *testing.T) {
 	require.Equal(t, SaturationConfig{
 		QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8,
 		MetricsStalenessThreshold: 200 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond,
+		InFlightCredit: true,
 	}, cfg.Saturation)
 }
 
@@ -47,7 +48,7 @@ func TestParseConfigInFlightCredit(t *testing.T) {
 	cfg, err := ParseConfig(strings.NewReader("saturationDetector: {inFlightCredit: true}\n"))
 	require.NoError(t, err)
 	require.True(t, cfg.Saturation.InFlightCredit)
-	require.False(t, DefaultConfig().Saturation.InFlightCredit)
+	require.True(t, DefaultConfig().Saturation.InFlightCredit)
 }
 
 func TestParseConfigEmptyIsDefault(t *testing.T) {

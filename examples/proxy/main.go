@@ -26,6 +26,12 @@ func main() {
 	flag.Parse()
 
 	cfg := DefaultConfig()
+	if *demo {
+		// Compare the policies as the published experiment did: the
+		// reference saturation formula without in-flight credit (credit
+		// strengthens the static baseline too). -config overrides.
+		cfg.Saturation.InFlightCredit = false
+	}
 	if *configPath != "" {
 		f, err := os.Open(*configPath)
 		if err != nil {

@@ -443,7 +443,9 @@ func TestEndToEndOverload(t *testing.T) {
 	load.Duration = 4 * time.Second
 	load.Drain = 60 * time.Second
 	load.PlainSheddable = true // critical streams (TTFT); sheddable costs no per-token CPU
-	spec := DemoSpec{Config: DefaultConfig(), Backends: 2, Replica: replica, Load: load}
+	cfg := DefaultConfig()
+	cfg.Saturation.InFlightCredit = false // the published A/B: the reference formula, no credit
+	spec := DemoSpec{Config: cfg, Backends: 2, Replica: replica, Load: load}
 
 	// The comparison is only meaningful if the fake backends ran the model
 	// at speed. On a machine too busy for that (Lost above 5 % of a
