@@ -79,8 +79,15 @@ type backend struct {
 	base     *url.URL
 	metrics  string // its /metrics URL, the poller's key for it
 	inflight atomic.Int64
+	failedAt atomic.Int64 // unix ns of its last failed answer (5xx or transport error); 0 = healthy
 	rp       *httputil.ReverseProxy
 }
+
+// ejectFor is how long a backend that just failed (a 5xx or a transport
+// error) is passed over by pick, as long as another backend is eligible.
+// Without it a backend that fails fast has the fewest requests in flight
+// and draws the most traffic.
+const ejectFor = time.Second
 
 // Proxy gates requests with a flowcontrol.Controller and forwards them to
 // the least-loaded backend. It is an http.Handler.
@@ -414,6 +421,16 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 	}
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
+	defer func() {
+		// A stream the backend cut (not the client) aborts the handler
+		// from inside ServeHTTP: a failure of the backend too.
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler && r.Context().Err() == nil {
+				b.failedAt.Store(time.Now().UnixNano())
+			}
+			panic(v)
+		}
+	}()
 	if p.cfg.Saturation.InFlightCredit {
 		// Credit the new request to its backend now, not at the next
 		// scrape: a burst of dispatches shows in the saturation at once.
@@ -424,6 +441,11 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 	r.ContentLength = int64(len(body))
 	r.Header.Del("Content-Length")
 	b.rp.ServeHTTP(rec, r)
+	if rec.code >= 500 || (rec.proxyErr && rec.code != 0) {
+		b.failedAt.Store(time.Now().UnixNano())
+	} else if rec.code != 0 {
+		b.failedAt.Store(0)
+	}
 	switch {
 	case rec.proxyErr && rec.code == 0:
 		return 0, reasonCancelled // the client left before the backend answered
@@ -436,18 +458,26 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 }
 
 // pick returns the backend with the fewest requests in flight (ties broken
-// round-robin), or nil if there is none.
+// round-robin), passing over backends that failed within ejectFor unless all
+// did, or nil if there is none.
 func (p *Proxy) pick() *backend {
 	n := len(p.backends)
 	if n == 0 {
 		return nil
 	}
+	now := time.Now().UnixNano()
 	start := int(p.rr.Add(1) % uint64(n))
-	best := p.backends[start]
-	for i := 1; i < n; i++ {
+	var best *backend
+	bestEjected := true
+	for i := 0; i < n; i++ {
 		b := p.backends[(start+i)%n]
-		if b.inflight.Load() < best.inflight.Load() {
-			best = b
+		f := b.failedAt.Load()
+		ejected := f != 0 && now-f < int64(ejectFor)
+		switch {
+		case best == nil,
+			bestEjected && !ejected,
+			ejected == bestEjected && b.inflight.Load() < best.inflight.Load():
+			best, bestEjected = b, ejected
 		}
 	}
 	return best
