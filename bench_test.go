@@ -91,6 +91,11 @@ func BenchmarkRing(b *testing.B) {
 			}
 		})
 	})
+	b.Run("mpsc", func(b *testing.B) {
+		r := queue.NewRing[int](benchCap)
+		b.ReportAllocs()
+		mpsc(b, func(v int) { ringPush(r, v) }, func() int { return ringPop(r) })
+	})
 	// burst and batch have the dispatcher's shape: a run of pushes, then
 	// the consumer drains it. burst pops one at a time; batch claims the
 	// run with TryPopN. Compare the two with each other.
@@ -152,6 +157,40 @@ func BenchmarkChannel(b *testing.B) {
 			}
 		})
 	})
+	b.Run("mpsc", func(b *testing.B) {
+		ch := make(chan int, benchCap)
+		b.ReportAllocs()
+		mpsc(b, func(v int) { ch <- v }, func() int { return <-ch })
+	})
+}
+
+// mpscProducers is the number of producer goroutines in the mpsc shape:
+// more than the cores, as request goroutines are in a proxy.
+const mpscProducers = 8
+
+// mpsc is the dispatcher's shape: mpscProducers goroutines push b.N items
+// between them while one consumer pops all b.N. One iteration is one
+// successful push plus one successful pop.
+func mpsc(b *testing.B, push func(int), pop func() int) {
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for p := range mpscProducers {
+		n := b.N / mpscProducers
+		if p < b.N%mpscProducers {
+			n++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				push(i)
+			}
+		}()
+	}
+	for range b.N {
+		pop()
+	}
+	wg.Wait()
 }
 
 // mutexQueue is the baseline: a slice used as a ring, behind one mutex.
