@@ -18,14 +18,15 @@ type InFlightCounter interface {
 // ControllerConfig configures NewController. The fields mean what they mean
 // in DispatcherConfig.
 type ControllerConfig struct {
-	Bands    int              // required, 1..MaxBands
-	Capacity int              // waiters per band, required
-	Policy   CeilingPolicy    // nil = NewSoftReflective()
-	Source   SaturationSource // required
-	Burst    int              // 0 = DefaultBurst
-	Tick     time.Duration    // 0 = DefaultTick
-	MaxWait  []time.Duration  // empty, one for all bands, or one per band
-	Now      func() time.Time // nil = time.Now
+	Bands        int              // required, 1..MaxBands
+	Capacity     int              // waiters per band, required unless BandCapacity is set
+	BandCapacity []int            // optional: one capacity per band, in place of Capacity
+	Policy       CeilingPolicy    // nil = NewSoftReflective()
+	Source       SaturationSource // required
+	Burst        int              // 0 = DefaultBurst
+	Tick         time.Duration    // 0 = DefaultTick
+	MaxWait      []time.Duration  // empty, one for all bands, or one per band
+	Now          func() time.Time // nil = time.Now
 	// InFlight, if set, is incremented when a Wait is released and
 	// decremented when its done is called (once), next to the count that
 	// InFlight() reports.
@@ -101,17 +102,18 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	c := &Controller{hook: cfg.InFlight}
 	c.pool.New = func() any { return &ticket{ch: make(chan struct{}, 1), c: c} }
 	d, err := NewDispatcher(DispatcherConfig[*ticket]{
-		Bands:    cfg.Bands,
-		Capacity: cfg.Capacity,
-		Policy:   cfg.Policy,
-		Source:   cfg.Source,
-		Burst:    cfg.Burst,
-		Tick:     cfg.Tick,
-		MaxWait:  cfg.MaxWait,
-		Now:      cfg.Now,
-		Dispatch: c.onDispatch,
-		OnDrop:   c.onDrop,
-		Live:     c.claim,
+		Bands:        cfg.Bands,
+		Capacity:     cfg.Capacity,
+		BandCapacity: cfg.BandCapacity,
+		Policy:       cfg.Policy,
+		Source:       cfg.Source,
+		Burst:        cfg.Burst,
+		Tick:         cfg.Tick,
+		MaxWait:      cfg.MaxWait,
+		Now:          cfg.Now,
+		Dispatch:     c.onDispatch,
+		OnDrop:       c.onDrop,
+		Live:         c.claim,
 		Abandoned: func(t *ticket) bool {
 			return t.state.Load() == stateCancelled
 		},

@@ -19,8 +19,13 @@ type DispatcherConfig[T any] struct {
 	Bands int
 	// Capacity is the number of items each band holds, exactly (the ring
 	// underneath is rounded up to a power of two, but Enqueue reports
-	// ErrQueueFull at Capacity). 1..queue.MaxCapacity. Required.
+	// ErrQueueFull at Capacity). 1..queue.MaxCapacity. Required unless
+	// BandCapacity is set.
 	Capacity int
+	// BandCapacity, if not empty, gives each band its own capacity
+	// (Bands values, each 1..queue.MaxCapacity) in place of Capacity,
+	// which may then be 0.
+	BandCapacity []int
 	// Policy gates the bands. Nil means NewSoftReflective().
 	Policy CeilingPolicy
 	// Source is read, and its value passed through Sanitize, once per tick.
@@ -152,8 +157,19 @@ func NewDispatcher[T any](cfg DispatcherConfig[T]) (*Dispatcher[T], error) {
 	if cfg.Bands < 1 || cfg.Bands > MaxBands {
 		return nil, fmt.Errorf("%w: Bands must be in [1, %d], got %d", ErrInvalidConfig, MaxBands, cfg.Bands)
 	}
-	if err := queue.CheckCapacity(cfg.Capacity); err != nil {
-		return nil, fmt.Errorf("%w: Capacity: %w", ErrInvalidConfig, err)
+	if len(cfg.BandCapacity) == 0 {
+		if err := queue.CheckCapacity(cfg.Capacity); err != nil {
+			return nil, fmt.Errorf("%w: Capacity: %w", ErrInvalidConfig, err)
+		}
+	} else {
+		if len(cfg.BandCapacity) != cfg.Bands {
+			return nil, fmt.Errorf("%w: BandCapacity must hold Bands (%d) values, got %d", ErrInvalidConfig, cfg.Bands, len(cfg.BandCapacity))
+		}
+		for i, c := range cfg.BandCapacity {
+			if err := queue.CheckCapacity(c); err != nil {
+				return nil, fmt.Errorf("%w: BandCapacity[%d]: %w", ErrInvalidConfig, i, err)
+			}
+		}
 	}
 	if cfg.Source == nil {
 		return nil, fmt.Errorf("%w: Source is nil", ErrInvalidConfig)
@@ -205,8 +221,12 @@ func NewDispatcher[T any](cfg DispatcherConfig[T]) (*Dispatcher[T], error) {
 	d.saturation.Store(0)
 	for i := range d.bands {
 		b := &d.bands[i]
-		b.ring = queue.NewRing[entry[T]](cfg.Capacity)
-		b.capacity = int64(cfg.Capacity)
+		capacity := cfg.Capacity
+		if len(cfg.BandCapacity) > 0 {
+			capacity = cfg.BandCapacity[i]
+		}
+		b.ring = queue.NewRing[entry[T]](capacity)
+		b.capacity = int64(capacity)
 		switch len(cfg.MaxWait) {
 		case 1:
 			b.maxWait = int64(cfg.MaxWait[0])

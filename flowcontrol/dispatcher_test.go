@@ -49,6 +49,8 @@ func TestNewDispatcherValidation(t *testing.T) {
 		{"Tick", func(c *flowcontrol.DispatcherConfig[int]) { c.Tick = -time.Second }},
 		{"MaxWait", func(c *flowcontrol.DispatcherConfig[int]) { c.MaxWait = make([]time.Duration, 3) }},
 		{"MaxWait[1]", func(c *flowcontrol.DispatcherConfig[int]) { c.MaxWait = []time.Duration{0, -1} }},
+		{"BandCapacity", func(c *flowcontrol.DispatcherConfig[int]) { c.BandCapacity = []int{4} }},
+		{"BandCapacity[1]", func(c *flowcontrol.DispatcherConfig[int]) { c.BandCapacity = []int{4, 0} }},
 	} {
 		cfg := ok
 		tc.mod(&cfg)
@@ -526,5 +528,26 @@ func TestDispatcherConcurrentExactlyOnce(t *testing.T) {
 	}
 	if total != uint64(n) {
 		t.Fatalf("stats count %d outcomes, want %d", total, n)
+	}
+}
+
+// BandCapacity gives each band its own exact capacity (Capacity unused).
+func TestBandCapacity(t *testing.T) {
+	var r rec
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{
+		Bands: 3, BandCapacity: []int{1, 5, 2}, Source: newSat(0),
+	}, &r)
+	for band, want := range []int{1, 5, 2} {
+		for i := 0; i < want; i++ {
+			if err := d.Enqueue(band, i); err != nil {
+				t.Fatalf("band %d item %d: %v", band, i, err)
+			}
+		}
+		if err := d.Enqueue(band, want); !errors.Is(err, flowcontrol.ErrQueueFull) {
+			t.Fatalf("band %d beyond %d: %v, want ErrQueueFull", band, want, err)
+		}
+		if st := d.Stats().Bands[band]; st.Queued != want || st.Rejected != 1 {
+			t.Fatalf("band %d: %+v", band, st)
+		}
 	}
 }

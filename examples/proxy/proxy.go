@@ -100,8 +100,6 @@ type Proxy struct {
 	poller   *saturation.Poller
 	backends []*backend
 	byMetric map[string]*backend
-	capacity []int64        // per band; the controller's capacity is the maximum
-	waiting  []atomic.Int64 // per band, to enforce a band's smaller capacity
 	reg      *prometheus.Registry
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
 	rr       atomic.Uint64          // tie-breaker for backend choice
@@ -126,8 +124,6 @@ func NewProxy(opts Options) (*Proxy, error) {
 		onFinish: opts.OnFinish,
 		maxBody:  opts.MaxBodyBytes,
 		byMetric: map[string]*backend{},
-		capacity: make([]int64, len(cfg.Bands)),
-		waiting:  make([]atomic.Int64, len(cfg.Bands)),
 		reg:      prometheus.NewRegistry(),
 	}
 	if p.logf == nil {
@@ -198,20 +194,19 @@ func NewProxy(opts Options) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
-	maxCap, maxWait := 0, make([]time.Duration, len(cfg.Bands))
+	capacity, maxWait := make([]int, len(cfg.Bands)), make([]time.Duration, len(cfg.Bands))
 	for i, b := range cfg.Bands {
-		p.capacity[i] = int64(b.Capacity)
-		maxCap = max(maxCap, b.Capacity)
+		capacity[i] = b.Capacity
 		maxWait[i] = b.MaxWait
 	}
 	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands:    len(cfg.Bands),
-		Capacity: maxCap,
-		Policy:   policy,
-		Source:   poller,
-		Burst:    cfg.Burst,
-		Tick:     cfg.Tick,
-		MaxWait:  maxWait,
+		Bands:        len(cfg.Bands),
+		BandCapacity: capacity,
+		Policy:       policy,
+		Source:       poller,
+		Burst:        cfg.Burst,
+		Tick:         cfg.Tick,
+		MaxWait:      maxWait,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: flow control: %w", err)
@@ -388,16 +383,7 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 		p.refuse(rec, code, reason)
 		return code, reason
 	}
-	// A band's own capacity, when smaller than the controller's (which
-	// holds the largest band's: ControllerConfig has one Capacity for all
-	// bands), is enforced here. Such refusals are counted only in
-	// flowgate_proxy_responses_total, not in the controller's Stats.
-	if p.waiting[band].Add(1) > p.capacity[band] {
-		p.waiting[band].Add(-1)
-		return refuse(http.StatusTooManyRequests, reasonQueueFull)
-	}
 	done, err := p.col.Wait(r.Context(), p.ctrl, band)
-	p.waiting[band].Add(-1)
 	if err != nil {
 		switch {
 		case errors.Is(err, flowcontrol.ErrQueueFull):
