@@ -80,6 +80,7 @@ type backend struct {
 	metrics  string // its /metrics URL, the poller's key for it
 	inflight atomic.Int64
 	failedAt atomic.Int64 // unix ns of its last failed answer (5xx or transport error); 0 = healthy
+	unusable atomic.Bool  // the poller's last verdict on its /metrics: failed, stale or never scraped
 	rp       *httputil.ReverseProxy
 }
 
@@ -245,9 +246,31 @@ func (p *Proxy) Start() {
 	p.started = true
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
-	p.wg.Add(2)
+	p.wg.Add(3)
 	go func() { defer p.wg.Done(); _ = p.ctrl.Run(ctx) }()
 	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
+	go func() { defer p.wg.Done(); p.watchPods(ctx) }()
+}
+
+// watchPods copies the poller's per-pod verdict (usable or not) to the
+// backends once per scrape interval, so that pick can pass over a backend
+// whose metrics hang, fail or went stale (it is likely down or stuck)
+// without reading the poller on the request path.
+func (p *Proxy) watchPods(ctx context.Context) {
+	t := time.NewTicker(p.cfg.Saturation.ScrapeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, r := range p.poller.Readings() {
+				if b := p.byMetric[r.Endpoint]; b != nil {
+					b.unusable.Store(!r.Usable)
+				}
+			}
+		}
+	}
 }
 
 // Drain is the first step of a graceful shutdown: every queued request is
@@ -444,8 +467,9 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 }
 
 // pick returns the backend with the fewest requests in flight (ties broken
-// round-robin), passing over backends that failed within ejectFor unless all
-// did, or nil if there is none.
+// round-robin), passing over backends that failed within ejectFor or whose
+// metrics the poller cannot use — unless every backend is in that state —
+// or nil if there is none.
 func (p *Proxy) pick() *backend {
 	n := len(p.backends)
 	if n == 0 {
@@ -454,16 +478,16 @@ func (p *Proxy) pick() *backend {
 	now := time.Now().UnixNano()
 	start := int(p.rr.Add(1) % uint64(n))
 	var best *backend
-	bestEjected := true
+	bestAvoid := true
 	for i := 0; i < n; i++ {
 		b := p.backends[(start+i)%n]
 		f := b.failedAt.Load()
-		ejected := f != 0 && now-f < int64(ejectFor)
+		avoid := (f != 0 && now-f < int64(ejectFor)) || b.unusable.Load()
 		switch {
 		case best == nil,
-			bestEjected && !ejected,
-			ejected == bestEjected && b.inflight.Load() < best.inflight.Load():
-			best, bestEjected = b, ejected
+			bestAvoid && !avoid,
+			avoid == bestAvoid && b.inflight.Load() < best.inflight.Load():
+			best, bestAvoid = b, avoid
 		}
 	}
 	return best
