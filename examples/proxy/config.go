@@ -241,89 +241,69 @@ func describeDecodeError(err error, root *yaml.Node) error {
 	return fmt.Errorf("proxy: config: %s", strings.Join(msgs, "; "))
 }
 
-// findPath returns the dotted path of the innermost mapping entry (key,
-// value) for which match holds, searching the whole tree.
-func findPath(root *yaml.Node, match func(k, v *yaml.Node) bool) string {
-	var walk func(n *yaml.Node, path string) string
-	walk = func(n *yaml.Node, path string) string {
-		switch n.Kind {
-		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				if p := walk(c, path); p != "" {
-					return p
-				}
-			}
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				k, v := n.Content[i], n.Content[i+1]
-				p := k.Value
-				if path != "" {
-					p = path + "." + k.Value
-				}
-				// Children first: a block mapping starts on the line of
-				// its first key, and the innermost entry is the one meant.
-				if q := walk(v, p); q != "" {
-					return q
-				}
-				if match(k, v) {
-					return p
-				}
-			}
-		case yaml.SequenceNode:
-			for i, c := range n.Content {
-				if p := walk(c, fmt.Sprintf("%s[%d]", path, i)); p != "" {
-					return p
-				}
+// walkYAML visits, innermost first, every mapping entry (key, value) and
+// every sequence item (key nil) below n with its dotted path
+// ("flowControl.priorityBands[1].capacity"), until visit returns true; it
+// then returns that entry's path and true.
+func walkYAML(n *yaml.Node, path string, visit func(path string, k, v *yaml.Node) bool) (string, bool) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p, ok := walkYAML(c, path, visit); ok {
+				return p, true
 			}
 		}
-		return ""
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			// Children first: a block mapping starts on the line of its
+			// first key, and the innermost entry is the one meant.
+			if q, ok := walkYAML(v, p, visit); ok {
+				return q, true
+			}
+			if visit(p, k, v) {
+				return p, true
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if q, ok := walkYAML(c, p, visit); ok {
+				return q, true
+			}
+			if visit(p, nil, c) {
+				return p, true
+			}
+		}
 	}
-	return walk(root, "")
+	return "", false
 }
 
-// lineOf returns the line of the key at a dotted path such as
-// "flowControl.priorityBands[1].capacity", or 0 when it was not written.
+// findPath returns the dotted path of the innermost mapping entry (key,
+// value) for which match holds, searching the whole tree; "" if none.
+func findPath(root *yaml.Node, match func(k, v *yaml.Node) bool) string {
+	p, _ := walkYAML(root, "", func(_ string, k, v *yaml.Node) bool { return k != nil && match(k, v) })
+	return p
+}
+
+// lineOf returns the line of the key (or sequence item) at a dotted path
+// such as "flowControl.priorityBands[1].capacity", or 0 when it was not
+// written.
 func lineOf(root *yaml.Node, path string) int {
 	line := 0
-	var walk func(n *yaml.Node, p string) bool
-	walk = func(n *yaml.Node, p string) bool {
-		switch n.Kind {
-		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				if walk(c, p) {
-					return true
-				}
-			}
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				k, v := n.Content[i], n.Content[i+1]
-				q := k.Value
-				if p != "" {
-					q = p + "." + k.Value
-				}
-				if q == path {
-					line = k.Line
-					return true
-				}
-				if strings.HasPrefix(path, q) && walk(v, q) {
-					return true
-				}
-			}
-		case yaml.SequenceNode:
-			for i, c := range n.Content {
-				q := fmt.Sprintf("%s[%d]", p, i)
-				if q == path {
-					line = c.Line
-					return true
-				}
-				if strings.HasPrefix(path, q) && walk(c, q) {
-					return true
-				}
-			}
+	walkYAML(root, "", func(p string, k, v *yaml.Node) bool {
+		if p != path {
+			return false
 		}
-		return false
-	}
-	walk(root, "")
+		if line = v.Line; k != nil {
+			line = k.Line
+		}
+		return true
+	})
 	return line
 }
 
