@@ -45,6 +45,16 @@ func TestKVBlocksConservedAndEveryRequestFinishesOnce(t *testing.T) {
 		maxTokens := cfg.TotalBlocks * cfg.BlockSize
 		finished := map[uint64]int{}
 		first := map[uint64]int{}
+		tally := func(events []Event) {
+			for _, e := range events {
+				switch e.Kind {
+				case Finished:
+					finished[e.Req.ID]++
+				case FirstToken:
+					first[e.Req.ID]++
+				}
+			}
+		}
 		var added []*Request
 		var events []Event
 		ops := rapid.IntRange(1, 80).Draw(t, "ops")
@@ -65,14 +75,7 @@ func TestKVBlocksConservedAndEveryRequestFinishesOnce(t *testing.T) {
 				events = r.Finish(events)
 				checkBlocks(t, r, true)
 			}
-			for _, e := range events {
-				switch e.Kind {
-				case Finished:
-					finished[e.Req.ID]++
-				case FirstToken:
-					first[e.Req.ID]++
-				}
-			}
+			tally(events)
 			m := r.Metrics()
 			if ok {
 				require.Equal(t, r.Live(), m, "metrics refreshed at the end of each step")
@@ -85,14 +88,7 @@ func TestKVBlocksConservedAndEveryRequestFinishesOnce(t *testing.T) {
 			require.Less(t, steps, 1_000_000, "replica drains")
 			_, events, _ = r.Step(events[:0])
 			checkBlocks(t, r, true)
-			for _, e := range events {
-				switch e.Kind {
-				case Finished:
-					finished[e.Req.ID]++
-				case FirstToken:
-					first[e.Req.ID]++
-				}
-			}
+			tally(events)
 		}
 		require.Equal(t, cfg.TotalBlocks, r.FreeBlocks(), "empty replica holds no blocks")
 		for _, q := range added {
