@@ -388,7 +388,7 @@ func BenchmarkDispatcher(b *testing.B) {
 	const batch = 256
 	var n int
 	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-		Bands: 2, Capacity: 2 * batch, Burst: batch, Source: benchSat(0.3),
+		Config:   flowcontrol.Config{Bands: benchBands(2, 2*batch), Burst: batch, Source: benchSat(0.3)},
 		Dispatch: func(_, item int) { n += item & 1 },
 	})
 	if err != nil {
@@ -416,15 +416,14 @@ func BenchmarkDispatcher(b *testing.B) {
 // cores). Burst is raised to 4096 per 1 ms tick so the band's rate cap
 // (4 M/s) is not what is measured.
 func BenchmarkController(b *testing.B) {
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 4096, Burst: 4096, Source: benchSat(0.3),
-	})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{
+		Bands: benchBands(2, 4096), Burst: 4096, Source: benchSat(0.3),
+	}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(ctx) }()
+	ran := c.Start(ctx)
 	b.ReportAllocs()
 	b.SetParallelism(8)
 	var waits atomic.Int64
@@ -457,7 +456,7 @@ func BenchmarkController(b *testing.B) {
 func BenchmarkDispatcherWake(b *testing.B) {
 	got := make(chan time.Duration, 1)
 	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[time.Time]{
-		Bands: 1, Capacity: 16, Burst: 1 << 20, Source: benchSat(0),
+		Config:   flowcontrol.Config{Bands: benchBands(1, 16), Burst: 1 << 20, Source: benchSat(0)},
 		Dispatch: func(_ int, t time.Time) { got <- time.Since(t) },
 	})
 	if err != nil {
@@ -559,4 +558,13 @@ func BenchmarkSaturation(b *testing.B) {
 	if sink < 0 {
 		b.Fatal("negative saturation")
 	}
+}
+
+// benchBands returns n bands of the given capacity.
+func benchBands(n, capacity int) []flowcontrol.BandConfig {
+	b := make([]flowcontrol.BandConfig, n)
+	for i := range b {
+		b[i].Capacity = capacity
+	}
+	return b
 }
