@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -446,6 +447,60 @@ func BenchmarkController(b *testing.B) {
 	c.Close()
 	<-ran
 	cancel()
+}
+
+// BenchmarkControllerIdle measures what a controller costs while nothing
+// is queued: the process's CPU time (getrusage, user + system) per wall
+// second, over b.N idle 100 ms windows with no controller (baseline-cpu-ns/s:
+// the runtime's own background work) and then over b.N windows with a
+// controller running at the shipped defaults after one request
+// (cpu-ns/s), and the ticks it ran per second meanwhile (ticks/s: 0 when
+// it sleeps). added-cpu-ns/s is the difference: the controller's idle cost
+// (target: below 100 µs/s; the old always-ticking Run cost ~14 ms/s).
+func BenchmarkControllerIdle(b *testing.B) {
+	window := func() float64 {
+		time.Sleep(20 * time.Millisecond) // let the last work settle
+		cpu0, start := processCPU(b), time.Now()
+		for range b.N {
+			time.Sleep(100 * time.Millisecond)
+		}
+		return float64(processCPU(b)-cpu0) / time.Since(start).Seconds()
+	}
+	baseline := window()
+	var reads atomic.Int64 // one per tick actually run
+	src := saturation.Func(func() float64 { reads.Add(1); return 0.3 })
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{
+		Bands: benchBands(2, 1024), Source: src,
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := c.Start(ctx)
+	done, err := c.Wait(ctx, 0) // one request, then idle
+	if err != nil {
+		b.Fatal(err)
+	}
+	done()
+	time.Sleep(20 * time.Millisecond)
+	reads0, start := reads.Load(), time.Now()
+	with := window()
+	b.ReportMetric(float64(reads.Load()-reads0)/time.Since(start).Seconds(), "ticks/s")
+	cancel()
+	<-ran
+	b.ReportMetric(baseline, "baseline-cpu-ns/s")
+	b.ReportMetric(with, "cpu-ns/s")
+	b.ReportMetric(with-baseline, "added-cpu-ns/s")
+}
+
+// processCPU returns the process's user + system CPU time in nanoseconds.
+func processCPU(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 // BenchmarkDispatcherWake measures, at low load (one item in the system at
