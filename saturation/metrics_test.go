@@ -258,25 +258,33 @@ vllm:ttft_gcount 1
 	}
 }
 
-// page4MiB is a valid text-format page of at least 4 MiB: a large histogram
-// family (what dominates a real vLLM page with many models and LoRAs) with
-// the three gauges the scorer needs last.
+// page4MiB is a valid text-format page of exactly 4 MiB (the default
+// MaxBodyBytes): a large histogram family (what dominates a real vLLM page
+// with many models and LoRAs) with the three gauges the scorer needs last.
 func page4MiB() []byte {
+	const tail = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 2\n" +
+		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 7\n" +
+		"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.4\n"
+	const size = 4 << 20
 	var b bytes.Buffer
 	b.WriteString("# HELP vllm:e2e_request_latency_seconds Histogram of end to end request latency.\n")
 	b.WriteString("# TYPE vllm:e2e_request_latency_seconds histogram\n")
-	for i := 0; b.Len() < 4<<20; i++ {
-		fmt.Fprintf(&b, "vllm:e2e_request_latency_seconds_bucket{engine=\"%d\",le=\"%d\",model_name=\"qwen3-14b-lora-%d\"} %d\n", i%8, i%20, i, i)
+	for i := 0; ; i++ {
+		line := fmt.Sprintf("vllm:e2e_request_latency_seconds_bucket{engine=\"%d\",le=\"%d\",model_name=\"qwen3-14b-lora-%d\"} %d\n", i%8, i%20, i, i)
+		if b.Len()+len(line)+len(tail)+3 > size {
+			break
+		}
+		b.WriteString(line)
 	}
-	b.WriteString("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 2\n")
-	b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 7\n")
-	b.WriteString("# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.4\n")
+	// Pad with a comment to the exact size.
+	b.WriteString("#" + strings.Repeat(" ", size-b.Len()-len(tail)-2) + "\n")
+	b.WriteString(tail)
 	return b.Bytes()
 }
 
 func TestParse4MiBPage(t *testing.T) {
 	page := page4MiB()
-	require.GreaterOrEqual(t, len(page), 4<<20)
+	require.Len(t, page, 4<<20)
 	r, err := ParseMetrics(bytes.NewReader(page), VLLM())
 	require.NoError(t, err)
 	assert.Equal(t, Reading{Waiting: 2, Running: 7, KVUsage: 0.4, OK: true}, r)

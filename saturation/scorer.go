@@ -165,6 +165,11 @@ func (s Scorer) fresh(r Reading, now time.Time) bool {
 	return !isBad(r.Waiting) && !isBad(r.Running) && !isBad(r.KVUsage)
 }
 
+// badValues: a reading holds a value that cannot be a count or a usage.
+func (s Scorer) badValues(r Reading) bool {
+	return isBad(r.Waiting) || isBad(r.Running) || isBad(r.KVUsage)
+}
+
 // score applies the formula to a fresh reading (s has its defaults).
 func (s Scorer) score(r Reading) float64 {
 	waiting := r.Waiting
