@@ -29,6 +29,13 @@ const (
 	DefaultMaxConcurrency = 64
 )
 
+// Bounds of PollerConfig.Interval and Timeout (Staleness: see Scorer).
+const (
+	MinInterval = time.Millisecond
+	MaxInterval = time.Hour
+	MinTimeout  = time.Millisecond
+)
+
 // Errors of a scrape, wrapped with the endpoint; branch on them with
 // errors.Is. A timeout wraps context.DeadlineExceeded; ParseMetrics' errors
 // (ErrParse, ErrMissingMetric, ErrBadValue) pass through.
@@ -49,7 +56,9 @@ type PollerConfig struct {
 	Endpoints []string
 	// Interval between two scrapes of one endpoint in Run, and between
 	// two rescores of the pool (ageing the readings, refreshing in-flight
-	// counts). Default 50 ms. Every endpoint runs on its own schedule:
+	// counts), in [MinInterval, MaxInterval] (1 ms .. 1 h): a shorter
+	// interval would spend a core on scraping, a longer one leaves every
+	// reading stale for most of it. Default 50 ms. Every endpoint runs on its own schedule:
 	// the first scrapes are spread evenly over the first interval, so a
 	// large pool is scraped at a steady rate rather than in bursts; a
 	// scrape that takes longer than Interval delays only its own
@@ -57,7 +66,11 @@ type PollerConfig struct {
 	Interval time.Duration
 	// Timeout bounds one scrape (connect, headers and body), counted from
 	// when the scrape gets one of the MaxConcurrency slots, so waiting for
-	// a slot in a large pool never eats into it. Default 100 ms.
+	// a slot in a large pool never eats into it. It must lie in
+	// [MinTimeout, Scorer.Staleness]: a scrape allowed to outlast the
+	// staleness would deliver a reading older than the pod's last one
+	// expired, while the pod read as failed. Default 100 ms, or
+	// Scorer.Staleness if that is shorter.
 	Timeout time.Duration
 	// MaxConcurrency bounds the scrapes in flight at once, over Run and
 	// Poll together. Default DefaultMaxConcurrency (64).
@@ -192,20 +205,23 @@ type runState struct {
 // NewPoller validates cfg, applies defaults and returns a stopped poller
 // reporting 1. Errors wrap ErrInvalidConfig and name the field.
 func NewPoller(cfg PollerConfig) (*Poller, error) {
-	if cfg.Interval < 0 {
-		return nil, fmt.Errorf("%w: PollerConfig.Interval must be >= 0, got %v", ErrInvalidConfig, cfg.Interval)
+	if cfg.Interval != 0 && (cfg.Interval < MinInterval || cfg.Interval > MaxInterval) {
+		return nil, fmt.Errorf("%w: PollerConfig.Interval must be in [%v, %v] (0 = default %v), got %v",
+			ErrInvalidConfig, MinInterval, MaxInterval, DefaultInterval, cfg.Interval)
 	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("%w: PollerConfig.Timeout must be >= 0, got %v", ErrInvalidConfig, cfg.Timeout)
+	if err := cfg.Scorer.Validate(); err != nil {
+		return nil, err // names the Scorer field
+	}
+	staleness := cfg.Scorer.withDefaults().Staleness
+	if cfg.Timeout != 0 && (cfg.Timeout < MinTimeout || cfg.Timeout > staleness) {
+		return nil, fmt.Errorf("%w: PollerConfig.Timeout must be in [%v, Scorer.Staleness = %v] (0 = default %v), got %v",
+			ErrInvalidConfig, MinTimeout, staleness, DefaultTimeout, cfg.Timeout)
 	}
 	if cfg.MaxConcurrency < 0 {
 		return nil, fmt.Errorf("%w: PollerConfig.MaxConcurrency must be >= 0, got %d", ErrInvalidConfig, cfg.MaxConcurrency)
 	}
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
-	}
-	if err := cfg.Scorer.Validate(); err != nil {
-		return nil, err // names the Scorer field
 	}
 	if cfg.Scorer.InFlightCredit && cfg.InFlight == nil {
 		return nil, fmt.Errorf("%w: PollerConfig.InFlight must be set when Scorer.InFlightCredit is", ErrInvalidConfig)
@@ -222,7 +238,7 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		cfg.Interval = DefaultInterval
 	}
 	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
+		cfg.Timeout = min(DefaultTimeout, staleness)
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
