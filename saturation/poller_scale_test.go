@@ -50,7 +50,8 @@ func manyPods(t testing.TB, n int) []string {
 func TestPoller1000PodsPoll(t *testing.T) {
 	eps := manyPods(t, 1000)
 	clk := newFakeClock()
-	p, err := NewPoller(PollerConfig{Endpoints: eps, Now: clk.Now, Timeout: DefaultTimeout * raceSlowdown})
+	p, err := NewPoller(PollerConfig{Endpoints: eps, Now: clk.Now, Timeout: DefaultTimeout * raceSlowdown,
+		Scorer: Scorer{Staleness: DefaultStaleness * raceSlowdown}}) // on the fake clock: only Timeout ≤ Staleness matters
 	require.NoError(t, err)
 	defer p.Close()
 	require.NoError(t, p.Poll(context.Background()))
@@ -113,7 +114,8 @@ func TestPoller4MiBPageOverHTTP(t *testing.T) {
 	page := page4MiB()
 	ep := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(page) }))
 	clk := newFakeClock()
-	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now, Timeout: DefaultTimeout * raceSlowdown})
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now, Timeout: DefaultTimeout * raceSlowdown,
+		Scorer: Scorer{Staleness: DefaultStaleness * raceSlowdown}}) // fake clock: only Timeout ≤ Staleness matters
 	require.NoError(t, p.Poll(context.Background()))
 	assert.Equal(t, Reading{Waiting: 2, Running: 7, KVUsage: 0.4, At: clk.Now(), OK: true}, p.Readings()[0].Reading)
 	assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
