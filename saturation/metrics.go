@@ -300,8 +300,8 @@ func (f *filter) line(line []byte, lineNo int) error {
 }
 
 // sampleName splits a sample line into its metric name and what follows the
-// name and its label set. A line that does not begin like a sample (not a
-// name character nor '{') is not ok. A label set that never closes leaves
+// name and its label set. A line that does not begin like a sample (a name
+// character, '{' or a quoted name) is not ok. A label set that never closes leaves
 // rest empty: expfmt reports the truncated line.
 func sampleName(line []byte) (name, rest []byte, ok bool) {
 	c := line[0]
@@ -325,6 +325,28 @@ func sampleName(line []byte) (name, rest []byte, ok bool) {
 			return []byte(s), nil, true
 		}
 		return []byte(s), line[end:], true
+	case c == '"':
+		// A quoted name before the label set: "name"{labels} v
+		q := quotedEnd(line)
+		if q < 0 {
+			return nil, nil, true // truncated: let expfmt say so
+		}
+		s, err := strconv.Unquote(string(line[:q]))
+		if err != nil {
+			return nil, nil, true
+		}
+		j := q
+		for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+			j++
+		}
+		if j == len(line) || line[j] != '{' {
+			return []byte(s), line[q:], true
+		}
+		end := labelSetEnd(line[j:])
+		if end < 0 {
+			return []byte(s), nil, true
+		}
+		return []byte(s), line[j+end:], true
 	case isNameByte(c) && !('0' <= c && c <= '9'):
 		// The name ends at the first byte that cannot continue it, as in
 		// expfmt ("name+Inf" is the sample name with the value +Inf).
