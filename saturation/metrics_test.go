@@ -302,6 +302,20 @@ func BenchmarkParseMetrics4MiB(b *testing.B) {
 	}
 }
 
+// BenchmarkExpfmtTextParser4MiB is the baseline ParseMetrics replaced:
+// expfmt's text parser building every family of the same page.
+func BenchmarkExpfmtTextParser4MiB(b *testing.B) {
+	page := page4MiB()
+	b.SetBytes(int64(len(page)))
+	b.ReportAllocs()
+	for b.Loop() {
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		if _, err := parser.TextToMetricFamilies(bytes.NewReader(page)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // strictReading is what the plain expfmt text parser makes of body, read by
 // the same rules; ok false when that parser refuses the page.
 func strictReading(body []byte, names MetricNames) (Reading, error, bool) {
