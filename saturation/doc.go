@@ -59,8 +59,9 @@
 // closes the gap between a dispatch and the next scrape: requests this host
 // has sent to a pod beyond what the pod's metrics show (waiting + running)
 // count as waiting, so a burst released between two scrapes raises the
-// pod's score at once, rather than one scrape later when the dispatcher has
-// already released more.
+// pod's score at the next rescore (every Interval, or the host's own
+// Rescore call) instead of when the pod's metrics finally show it, by which
+// time the dispatcher may have released several more bursts.
 //
 // Run scrapes every endpoint on its own schedule, every Interval, with the
 // endpoints' phases spread over the first interval; each scrape runs under

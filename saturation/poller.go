@@ -31,9 +31,13 @@ const (
 
 // Bounds of PollerConfig.Interval and Timeout (Staleness: see Scorer).
 const (
+	// MinInterval is the shortest Interval: scraping a pod more often
+	// than every millisecond costs more than the reading is worth.
 	MinInterval = time.Millisecond
+	// MaxInterval is the longest Interval.
 	MaxInterval = time.Hour
-	MinTimeout  = time.Millisecond
+	// MinTimeout is the shortest Timeout: no scrape completes faster.
+	MinTimeout = time.Millisecond
 )
 
 // Errors of a scrape, wrapped with the endpoint; branch on them with
@@ -73,7 +77,7 @@ type PollerConfig struct {
 	// Scorer.Staleness if that is shorter.
 	Timeout time.Duration
 	// MaxConcurrency bounds the scrapes in flight at once, over Run and
-	// Poll together. Default DefaultMaxConcurrency (64).
+	// Poll together; >= 0. Default DefaultMaxConcurrency (64).
 	MaxConcurrency int
 	// MaxBodyBytes caps the body read from one scrape; a longer body
 	// fails with ErrBodyTooLarge. Default 4 MiB.
@@ -110,10 +114,15 @@ type PollerConfig struct {
 
 // Reasons a pod is not usable, in PodReading.Reason.
 const (
-	ReasonNotScraped   = "not scraped yet"
+	// ReasonNotScraped: no scrape of the pod has finished yet.
+	ReasonNotScraped = "not scraped yet"
+	// ReasonScrapeFailed: no good reading is held (the last scrapes
+	// failed with FailFast, or none ever succeeded).
 	ReasonScrapeFailed = "scrape failed"
-	ReasonBadValue     = "bad value"
-	ReasonStale        = "stale"
+	// ReasonBadValue: the reading holds a NaN, infinite or negative value.
+	ReasonBadValue = "bad value"
+	// ReasonStale: the last good reading is older than Scorer.Staleness.
+	ReasonStale = "stale"
 )
 
 // PodReading is a snapshot of one pod's state, for logs and metrics.

@@ -91,7 +91,11 @@ type Scorer struct {
 // Bounds of Scorer.Staleness (and of the poller's Interval and Timeout; see
 // PollerConfig).
 const (
+	// MinStaleness is the shortest Staleness: no scrape over a network
+	// stays fresh for less.
 	MinStaleness = time.Millisecond
+	// MaxStaleness is the longest Staleness: an hour-old reading says
+	// nothing about queues that move in seconds.
 	MaxStaleness = time.Hour
 )
 
