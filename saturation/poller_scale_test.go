@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -54,6 +55,7 @@ func TestPoller1000PodsPoll(t *testing.T) {
 		Scorer: Scorer{Staleness: DefaultStaleness * raceSlowdown}}) // on the fake clock: only Timeout ≤ Staleness matters
 	require.NoError(t, err)
 	defer p.Close()
+	fds := openFDs(t)
 	require.NoError(t, p.Poll(context.Background()))
 	usable := 0
 	for _, r := range p.Readings() {
@@ -63,6 +65,21 @@ func TestPoller1000PodsPoll(t *testing.T) {
 	}
 	assert.Equal(t, 1000, usable)
 	assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
+	if fds >= 0 {
+		// Client and server ends of at most MaxConcurrency connections,
+		// plus the runtime's own few (the network poller's): not 1,000.
+		assert.LessOrEqual(t, openFDs(t)-fds, 2*DefaultMaxConcurrency+8, "descriptors held after a round")
+	}
+}
+
+// openFDs counts this process's open file descriptors (-1 where /proc is
+// not available).
+func openFDs(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(entries)
 }
 
 // TestPoller1000PodsRun: the same pool under Run, each pod on its own
