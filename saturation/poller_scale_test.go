@@ -230,7 +230,14 @@ func TestPollerSchedule(t *testing.T) {
 			Client: &http.Client{Transport: rec}})
 		require.NoError(t, err)
 		require.NoError(t, p.Start())
-		time.Sleep(time.Second - time.Millisecond) // virtual: 10 intervals
+		// Each result moves the pool at once: at t = 0 only pod-0 has
+		// answered (0.5, the nine others 1), at 10 ms pod-1 too.
+		synctest.Wait()
+		assert.InDelta(t, (0.5+9)/10, p.Saturation(), 1e-12)
+		time.Sleep(interval / n)
+		synctest.Wait()
+		assert.InDelta(t, (2*0.5+8)/10, p.Saturation(), 1e-12)
+		time.Sleep(time.Second - time.Millisecond - interval/n) // virtual: to just before 10 intervals
 		synctest.Wait()
 		for i := range n {
 			phase := time.Duration(i) * interval / n
