@@ -62,14 +62,45 @@ func TestPollerModel(t *testing.T) {
 		ignoreStale := rapid.Bool().Draw(t, "ignoreStale")
 		fake := &fakePods{status: map[string]int{}, body: map[string]string{}}
 		clk := newFakeClock()
+		// With one slot the results of a round arrive one at a time, so
+		// the running pool sum can be checked after each of them.
+		serial := rapid.Bool().Draw(t, "serial")
+		conc := 0
+		if serial {
+			conc = 1
+		}
 		p, err := NewPoller(PollerConfig{
-			Client:   &http.Client{Transport: fake},
-			Now:      clk.Now,
-			FailFast: failFast,
-			Scorer:   Scorer{IgnoreStale: ignoreStale},
+			Client:         &http.Client{Transport: fake},
+			Now:            clk.Now,
+			FailFast:       failFast,
+			Scorer:         Scorer{IgnoreStale: ignoreStale},
+			MaxConcurrency: conc,
 		})
 		if err != nil {
 			t.Fatal(err)
+		}
+		var hookErr string // set by the hook, which runs on a Poll goroutine
+		if serial {
+			// After each result, the published value is the mean of the
+			// pods' current scores, as counted by the rules (the running
+			// sum matches a recount).
+			p.onApply = func(string) {
+				sum, n := 0.0, 0
+				for _, r := range p.Readings() {
+					if !r.Usable && ignoreStale {
+						continue
+					}
+					sum += r.Score
+					n++
+				}
+				want := 1.0
+				if n > 0 {
+					want = sum / float64(n)
+				}
+				if got := p.Saturation(); math.Abs(got-want) > 1e-12 && hookErr == "" {
+					hookErr = fmt.Sprintf("after a result: saturation %v, mean of pod scores %v", got, want)
+				}
+			}
 		}
 		model := map[string]*modelPod{}
 		for _, h := range hosts {
@@ -169,6 +200,9 @@ func TestPollerModel(t *testing.T) {
 				published = expect()
 			},
 			"": func(t *rapid.T) {
+				if hookErr != "" {
+					t.Fatal(hookErr)
+				}
 				if got := p.Saturation(); math.Abs(got-published) > 1e-12 {
 					t.Fatalf("saturation %v, model %v (pods %v)", got, published, current)
 				}
