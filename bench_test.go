@@ -597,6 +597,7 @@ func BenchmarkSaturation(b *testing.B) {
 			Endpoints: []string{pod.URL + "/a/metrics", pod.URL + "/b/metrics"},
 			Interval:  time.Millisecond,
 			Timeout:   time.Second,
+			Scorer:    saturation.Scorer{Staleness: time.Second}, // Timeout ≤ Staleness
 		})
 		if err != nil {
 			b.Fatal(err)
