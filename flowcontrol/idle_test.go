@@ -117,6 +117,20 @@ func TestIdleSleepIsExact(t *testing.T) {
 				t.Fatalf("%s: ticks %d/%d saturation %v/%v", where, sa.Ticks, sb.Ticks, sa.Saturation, sb.Saturation)
 			}
 		}
+		// toNextGrid moves the clock to the next grid point, where A
+		// ticks and B's timer fires if it is armed.
+		toNextGrid := func(t *rapid.T) {
+			grid += tick
+			clock.Store(grid)
+			a.Step()
+			switch {
+			case armed && timerAt == grid:
+				armed = false
+				arm(s.fire())
+			case armed && timerAt < grid:
+				t.Fatalf("timer at %d missed the grid point %d", timerAt, grid)
+			}
+		}
 		t.Repeat(map[string]func(*rapid.T){
 			// To the next grid point, where the saturation may change
 			// before the tick reads it.
@@ -124,27 +138,13 @@ func TestIdleSleepIsExact(t *testing.T) {
 				if rapid.Bool().Draw(t, "change") {
 					sat.set(rapid.SampledFrom([]float64{0, 0.6, 0.75, 0.9, 1.2}).Draw(t, "sat"))
 				}
-				grid += tick
-				clock.Store(grid)
-				a.Step()
-				if armed && timerAt == grid {
-					armed = false
-					arm(s.fire())
-				} else if armed && timerAt < grid {
-					t.Fatalf("timer at %d missed the grid point %d", timerAt, grid)
-				}
+				toNextGrid(t)
 				compare("tick")
 			},
 			// A long idle stretch, ticked through.
 			"idle": func(t *rapid.T) {
 				for range rapid.IntRange(1, 50).Draw(t, "ticks") {
-					grid += tick
-					clock.Store(grid)
-					a.Step()
-					if armed && timerAt == grid {
-						armed = false
-						arm(s.fire())
-					}
+					toNextGrid(t)
 				}
 				compare("idle")
 			},
