@@ -50,7 +50,7 @@ const (
 type Options struct {
 	// Addr is the Redis "host:port". New then creates and owns a client
 	// tuned for this job (socket and dial timeouts equal to Timeout, context
-	// deadlines honoured, no retries: the next period is the retry, a pool of
+	// deadlines honoured, no retries: the next period is the retry, at most
 	// two connections), and Close closes it.
 	Addr string
 	// Client is an existing client, for TLS, auth, Sentinel or Cluster. The
@@ -243,8 +243,16 @@ func New(opts Options) (*InFlight, error) {
 			PoolTimeout:           opts.Timeout,
 			ContextTimeoutEnabled: true,
 			MaxRetries:            -1,
-			PoolSize:              2,
-			DisableIdentity:       true,
+			// Syncs are serial, so one connection is in use at a time (two
+			// while Run leaves). PoolSize is large only because go-redis also
+			// uses it as the threshold of its dial circuit breaker: after
+			// PoolSize failed dials it fails fast and probes once a second,
+			// which would delay recovery after a Redis restart by up to 1 s.
+			// 1000 failed dials is 5 s of refused connections at 5 ms.
+			PoolSize:           1000,
+			MaxActiveConns:     2,
+			MaxConcurrentDials: 1,
+			DisableIdentity:    true,
 			MaintNotificationsConfig: &maintnotifications.Config{
 				Mode: maintnotifications.ModeDisabled,
 			},
