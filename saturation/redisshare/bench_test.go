@@ -1,8 +1,16 @@
 package redisshare
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // sink keeps the compiler from discarding the loads.
@@ -82,4 +90,59 @@ func BenchmarkIncDec(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkSync is one replica's sync (one round trip) against a real
+// redis-server holding 7 other replicas' hashes of 4 endpoints each: the
+// cost per Period. redis-cpu-µs/op is the server's CPU (user+sys, from INFO)
+// per sync, from which the Redis load of a pool follows: replicas × 1/Period
+// × that.
+func BenchmarkSync(b *testing.B) {
+	srv := startRedis(b)
+	eps := []string{"10.0.0.7:8000", "10.0.0.8:8000", "10.0.0.9:8000", "10.0.0.10:8000"}
+	var views []*InFlight
+	for i := range 8 {
+		v, err := New(Options{Addr: srv.Addr(), ReplicaID: fmt.Sprintf("gw-%d", i), Period: 100 * time.Millisecond, TTL: time.Minute,
+			Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer v.Close()
+		for j, ep := range eps {
+			v.Add(ep, int64(i+j+1))
+		}
+		if err := v.Sync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		views = append(views, v)
+	}
+	v := views[0]
+	if err := v.Sync(context.Background()); err != nil || v.Peers() != 7 {
+		b.Fatalf("setup: %v, %d peers", err, v.Peers())
+	}
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer raw.Close()
+	cpu := func() float64 {
+		info, err := raw.Info(context.Background(), "cpu").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total float64
+		for _, line := range strings.Split(info, "\r\n") {
+			k, val, _ := strings.Cut(line, ":")
+			if k == "used_cpu_user" || k == "used_cpu_sys" {
+				f, _ := strconv.ParseFloat(val, 64)
+				total += f
+			}
+		}
+		return total
+	}
+	before := cpu()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := v.Sync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric((cpu()-before)*1e6/float64(b.N), "redis-cpu-µs/op")
 }

@@ -98,7 +98,7 @@ func startChildReplica(t *testing.T, addr, id string, ttl time.Duration, counts 
 
 // redisServer is a real redis-server on a loopback port, private to a test.
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	dir  string
 	cmd  *exec.Cmd
@@ -110,7 +110,7 @@ const installHint = "redis-server not found: these tests need a real Redis; inst
 // startRedis starts redis-server on a free loopback port with no
 // persistence, waits until it answers PING (bounded), and stops it in
 // t.Cleanup. It fails, never skips, when redis-server is missing.
-func startRedis(t *testing.T) *redisServer {
+func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal(installHint)
@@ -128,7 +128,7 @@ func startRedis(t *testing.T) *redisServer {
 	return nil
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
