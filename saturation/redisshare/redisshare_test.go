@@ -482,3 +482,63 @@ func measureRequestPath(ep *Endpoint, v *InFlight, stop <-chan struct{}) roundSt
 		runtime.Gosched()
 	}
 }
+
+// fakeClock is a settable clock for the TTL bookkeeping.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestFallbackOnInjectedClock drives the staleness with an injected clock
+// against a real server that goes away: the view is kept through failed
+// syncs up to TTL of clock time, dropped beyond, and restored by the first
+// sync that succeeds. No real time has to pass. It also checks that a
+// caller's own client works and is left open by Close.
+func TestFallbackOnInjectedClock(t *testing.T) {
+	srv := startRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer client.Close()
+	clock := &fakeClock{t: t0}
+	sink := &logSink{}
+	a, err := New(Options{Client: client, ReplicaID: "a", Period: 100 * time.Millisecond, TTL: 2 * time.Second, Now: clock.Now, Logger: slog.New(sink)})
+	require.NoError(t, err)
+	b := newSyncedReplica(t, srv.Addr(), "b")
+	b.Add("x", 4)
+	a.Add("x", 1)
+	require.NoError(t, b.Sync(context.Background()))
+	require.NoError(t, a.Sync(context.Background()))
+	require.Equal(t, int64(5), a.InFlight("x"))
+
+	srv.Stop()
+	clock.Advance(2 * time.Second)
+	require.Error(t, a.Sync(context.Background()))
+	require.Equal(t, Up, a.State(), "a failed sync exactly TTL after the last good one keeps the view")
+	require.Equal(t, int64(5), a.InFlight("x"))
+	clock.Advance(time.Millisecond)
+	require.Error(t, a.Sync(context.Background()))
+	require.Equal(t, Down, a.State())
+	require.Equal(t, int64(1), a.InFlight("x"))
+	require.Error(t, a.Sync(context.Background()))
+
+	srv.Restart()
+	require.NoError(t, b.Sync(context.Background()))
+	require.Eventually(t, func() bool { return a.Sync(context.Background()) == nil }, 2*time.Second, time.Millisecond,
+		"the caller's client reconnects")
+	require.Equal(t, Up, a.State())
+	require.Equal(t, int64(5), a.InFlight("x"))
+	require.Equal(t, []string{"up", "down", "up"}, sink.lines())
+	require.NoError(t, a.Close())
+	require.NoError(t, client.Ping(context.Background()).Err(), "Close leaves a caller's client open")
+}
