@@ -75,8 +75,12 @@
 //     than TTL, then falls back to its own counts: State reports Down, the
 //     gauge flowgate_shared_inflight_up reads 0, and one log line records
 //     the transition (and one more when a sync succeeds again). Every sync
-//     is bounded by Timeout (< Period) and retried each Period, reconnecting
-//     as needed; nothing on the request path waits for it.
+//     is bounded by Timeout (< Period); failed ones are retried with a wait
+//     doubling from Period to min(100 ms, TTL/4), reconnecting as needed,
+//     so recovery follows Redis's return within that wait. Nothing on the
+//     request path waits for any of it.
+//   - go-redis logs each failed dial through its process-wide logger
+//     (redis.SetLogger); the host decides whether to keep those lines.
 //   - After a Redis restart the keys are gone; each replica rewrites its own
 //     within one Period, so for that Period a view may miss some peers.
 //

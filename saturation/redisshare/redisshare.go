@@ -116,19 +116,20 @@ func (s State) String() string {
 // once an endpoint is known, no network. Run does all Redis I/O in one
 // background goroutine. Safe for concurrent use. Create it with New.
 type InFlight struct {
-	client    redis.UniversalClient
-	ownClient bool
-	id        string
-	key       string // this replica's hash: keyBase + id
-	keyBase   string // "{prefix}:replica:"
-	members   string // sorted set of replica ids, score = last publish (writer's clock, ms)
-	period    time.Duration
-	ttl       time.Duration
-	timeout   time.Duration
-	expiry    time.Duration // PEXPIRE of the hash: TTL - Period (see New)
-	gcAge     time.Duration // members older than this leave the sorted set
-	log       *slog.Logger
-	now       func() time.Time
+	client     redis.UniversalClient
+	ownClient  bool
+	id         string
+	key        string // this replica's hash: keyBase + id
+	keyBase    string // "{prefix}:replica:"
+	members    string // sorted set of replica ids, score = last publish (writer's clock, ms)
+	period     time.Duration
+	ttl        time.Duration
+	timeout    time.Duration
+	expiry     time.Duration // PEXPIRE of the hash: TTL - Period (see New)
+	gcAge      time.Duration // members older than this leave the sorted set
+	maxBackoff time.Duration // longest wait between failed syncs
+	log        *slog.Logger
+	now        func() time.Time
 
 	// eps is copy-on-write: readers load the pointer and look up without a
 	// lock; the rare insertion of a new endpoint copies the map under mu.
@@ -229,9 +230,12 @@ func New(opts Options) (*InFlight, error) {
 		// expiry); ids leave it long after their hash has expired, with a
 		// margin for clock skew between replicas.
 		gcAge: max(time.Minute, 10*opts.TTL),
-		log:   opts.Logger,
-		now:   opts.Now,
-		tr:    tracker{ttl: opts.TTL},
+		// Failed syncs back off up to this: recovery after Redis returns
+		// takes at most this long, and it leaves several retries within TTL.
+		maxBackoff: max(opts.Period, min(100*time.Millisecond, opts.TTL/4)),
+		log:        opts.Logger,
+		now:        opts.Now,
+		tr:         tracker{ttl: opts.TTL},
 	}
 	if opts.Addr != "" {
 		s.client = redis.NewClient(&redis.Options{
@@ -396,8 +400,10 @@ func (e *Endpoint) InFlight() int64 { return e.own.Load() + e.others.Load() }
 
 // Run syncs every Period until ctx is done, then returns ctx.Err(). The
 // first sync starts at once. Errors never stop it: while Redis fails it
-// keeps retrying each Period (reconnecting as needed) and the view falls
-// back to own counts once the last success is older than TTL. On return it
+// keeps retrying, reconnecting as needed, with the wait doubling from Period
+// up to min(100 ms, TTL/4) (never below Period), and the view falls back to
+// own counts once the last success is older than TTL. The first success
+// restores the Period. On return it
 // removes this replica's key (best effort, so the others drop it at once
 // rather than after TTL) and drops the others' counts (state Down): nothing
 // refreshes them any more. It fails with ErrRunning if already running.
@@ -407,15 +413,30 @@ func (s *InFlight) Run(ctx context.Context) error {
 	}
 	defer s.running.Store(false)
 	defer s.leave(ctx)
-	t := time.NewTicker(s.period)
+	t := time.NewTimer(0)
 	defer t.Stop()
+	fails := 0
 	for {
-		_ = s.Sync(ctx) // outcomes are in State, the log and the metrics
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
 		}
+		begin := time.Now()
+		if s.Sync(ctx) == nil { // outcomes are in State, the log and the metrics
+			fails = 0
+		} else {
+			fails++
+		}
+		// Period between sync starts while Redis answers; while it fails,
+		// back off exponentially to maxBackoff: N replicas retrying every
+		// 5 ms against a restarting Redis would be a reconnect storm, and
+		// go-redis logs every failed dial.
+		wait := s.period
+		if fails > 0 {
+			wait = min(s.period<<min(fails, 16), s.maxBackoff)
+		}
+		t.Reset(max(0, wait-time.Since(begin)))
 	}
 }
 
