@@ -401,9 +401,9 @@ func (e *Endpoint) InFlight() int64 { return e.own.Load() + e.others.Load() }
 // Run syncs every Period until ctx is done, then returns ctx.Err(). The
 // first sync starts at once. Errors never stop it: while Redis fails it
 // keeps retrying, reconnecting as needed, with the wait doubling from Period
-// up to min(100 ms, TTL/4) (never below Period), and the view falls back to
-// own counts once the last success is older than TTL. The first success
-// restores the Period. On return it
+// up to min(100 ms, TTL/4) (never below Period) and the timeout growing in
+// proportion, and the view falls back to own counts once the last success is
+// older than TTL. The first success restores Period and Timeout. On return it
 // removes this replica's key (best effort, so the others drop it at once
 // rather than after TTL) and drops the others' counts (state Down): nothing
 // refreshes them any more. It fails with ErrRunning if already running.
@@ -415,7 +415,7 @@ func (s *InFlight) Run(ctx context.Context) error {
 	defer s.leave(ctx)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	fails := 0
+	wait, timeout := s.period, s.timeout
 	for {
 		select {
 		case <-ctx.Done():
@@ -423,18 +423,19 @@ func (s *InFlight) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		begin := time.Now()
-		if s.Sync(ctx) == nil { // outcomes are in State, the log and the metrics
-			fails = 0
+		if s.sync(ctx, timeout) == nil { // outcomes are in State, the log and the metrics
+			wait, timeout = s.period, s.timeout
 		} else {
-			fails++
-		}
-		// Period between sync starts while Redis answers; while it fails,
-		// back off exponentially to maxBackoff: N replicas retrying every
-		// 5 ms against a restarting Redis would be a reconnect storm, and
-		// go-redis logs every failed dial.
-		wait := s.period
-		if fails > 0 {
-			wait = min(s.period<<min(fails, 16), s.maxBackoff)
+			// Back off exponentially to maxBackoff: N replicas retrying
+			// every 5 ms against a restarting Redis would be a reconnect
+			// storm, and go-redis logs every failed dial. The timeout grows
+			// in proportion (still shorter than the wait, so syncs never
+			// overlap): a failed sync costs the next one a dial and a
+			// handshake on top of the transaction, and on a loaded machine
+			// a timeout sized for the steady state could fail that every
+			// time.
+			wait = min(2*wait, s.maxBackoff)
+			timeout = time.Duration(float64(s.timeout) * float64(wait) / float64(s.period))
 		}
 		t.Reset(max(0, wait-time.Since(begin)))
 	}
@@ -478,11 +479,14 @@ func (s *InFlight) leave(ctx context.Context) {
 // update the view. Run calls it every Period; tests and simulations may call
 // it directly instead of Run. It returns the Redis error, if any; the view
 // already reflects it (kept until stale beyond TTL, then dropped).
-func (s *InFlight) Sync(ctx context.Context) error {
+func (s *InFlight) Sync(ctx context.Context) error { return s.sync(ctx, s.timeout) }
+
+// sync is Sync with the Redis calls bounded by timeout.
+func (s *InFlight) sync(ctx context.Context, timeout time.Duration) error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	start := s.now()
-	snaps, err := s.exchange(ctx, start)
+	snaps, err := s.exchange(ctx, start, timeout)
 	s.syncs.Add(1)
 	if err != nil {
 		s.syncErrors.Add(1)
@@ -531,8 +535,8 @@ func (s *InFlight) apply(others map[string]int64) {
 // sync listed. Peers new in the directory are read in a second round trip
 // in the same sync, so a new replica is visible within one period of its
 // first publish. Both round trips share one Timeout.
-func (s *InFlight) exchange(ctx context.Context, start time.Time) ([]map[string]int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+func (s *InFlight) exchange(ctx context.Context, start time.Time, timeout time.Duration) ([]map[string]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	nowMs := start.UnixMilli()
 	fields := []any{heartbeatField, strconv.FormatInt(nowMs, 10)}

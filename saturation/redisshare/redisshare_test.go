@@ -260,8 +260,8 @@ func TestRedisRestart(t *testing.T) {
 	}, 2*time.Second, time.Millisecond)
 	t.Logf("recovered %v after Redis restarted", time.Since(restarted).Round(time.Millisecond))
 	require.Equal(t, 1.0, a.gauge(t, "flowgate_shared_inflight_up"))
-	require.Equal(t, []string{"up", "down", "up"}, a.log.lines())
-	require.Equal(t, []string{"up", "down", "up"}, b.log.lines())
+	requireTransitions(t, a.log.lines())
+	requireTransitions(t, b.log.lines())
 }
 
 // TestRedisStalledRequestPathNeverBlocks SIGSTOPs Redis for 2 s while a
@@ -301,7 +301,7 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 	require.LessOrEqual(t, float64(r.over), 1e-4*float64(r.calls), "more than 0.01%% of request-path rounds took over 1 ms during the stall")
 	require.Less(t, r.worst, 200*time.Millisecond, "a request-path round took a tenth of the stall")
 	require.Eventually(t, func() bool { return a.State() == Up && a.InFlight("x") == 2 }, 2*time.Second, time.Millisecond)
-	require.Equal(t, []string{"up", "down", "up"}, a.log.lines())
+	requireTransitions(t, a.log.lines())
 }
 
 // TestStressExactAccounting runs three replicas for real while many
@@ -540,4 +540,25 @@ func TestFallbackOnInjectedClock(t *testing.T) {
 	require.Equal(t, []string{"up", "down", "up"}, sink.lines())
 	require.NoError(t, a.Close())
 	require.NoError(t, client.Ping(context.Background()).Err(), "Close leaves a caller's client open")
+}
+
+// requireTransitions checks the log of a run that lost Redis and got it
+// back: one line per transition, so up and down alternate, starting and
+// ending with up. Usually that is exactly up, down, up; a load spike on a
+// shared machine that fails syncs for a whole TTL adds a down/up pair,
+// which is the same contract.
+func requireTransitions(t *testing.T, lines []string) {
+	t.Helper()
+	require.GreaterOrEqual(t, len(lines), 3, "%v", lines)
+	require.Equal(t, 1, len(lines)%2, "%v", lines)
+	for i, l := range lines {
+		want := "up"
+		if i%2 == 1 {
+			want = "down"
+		}
+		require.Equal(t, want, l, "line %d of %v", i, lines)
+	}
+	if len(lines) > 3 {
+		t.Logf("extra transitions under load: %v", lines)
+	}
 }
