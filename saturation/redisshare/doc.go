@@ -72,7 +72,8 @@
 //     pause, throttling, Redis timeouts).
 //   - When syncs fail (Redis down, slow, restarted, stopped), the replica
 //     keeps serving the others' last-fetched counts until they are older
-//     than TTL, then falls back to its own counts: State reports Down, the
+//     than TTL, then falls back to its own counts (at the first failed sync
+//     after that, so within TTL + min(100 ms, TTL/4)): State reports Down, the
 //     gauge flowgate_shared_inflight_up reads 0, and one log line records
 //     the transition (and one more when a sync succeeds again). Every sync
 //     is bounded by Timeout (< Period); failed ones are retried with a wait

@@ -79,6 +79,8 @@ type Options struct {
 	// Timeout bounds one sync's Redis calls together (its one or two round
 	// trips, and a reconnection), so the loop never falls a period behind.
 	// Must be positive and shorter than Period. Default 4/5 of Period.
+	// While syncs fail, Run stretches the wait between them and this
+	// timeout in proportion (see Run).
 	Timeout time.Duration
 	// Logger receives one line per transition between the shared view and
 	// the fallback to own counts. Default slog.Default().
@@ -238,13 +240,17 @@ func New(opts Options) (*InFlight, error) {
 		tr:         tracker{ttl: opts.TTL},
 	}
 	if opts.Addr != "" {
+		// Each sync's context deadline is what bounds it (Timeout, grown
+		// with the backoff while syncs fail); the socket timeouts only need
+		// to allow the largest of those.
+		sock := s.timeoutFor(s.maxBackoff)
 		s.client = redis.NewClient(&redis.Options{
 			Addr:                  opts.Addr,
-			DialTimeout:           opts.Timeout,
+			DialTimeout:           sock,
 			DialerRetries:         1,
-			ReadTimeout:           opts.Timeout,
-			WriteTimeout:          opts.Timeout,
-			PoolTimeout:           opts.Timeout,
+			ReadTimeout:           sock,
+			WriteTimeout:          sock,
+			PoolTimeout:           sock,
 			ContextTimeoutEnabled: true,
 			MaxRetries:            -1,
 			// Syncs are serial, so one connection is in use at a time (two
@@ -435,10 +441,16 @@ func (s *InFlight) Run(ctx context.Context) error {
 			// a timeout sized for the steady state could fail that every
 			// time.
 			wait = min(2*wait, s.maxBackoff)
-			timeout = time.Duration(float64(s.timeout) * float64(wait) / float64(s.period))
+			timeout = s.timeoutFor(wait)
 		}
 		t.Reset(max(0, wait-time.Since(begin)))
 	}
+}
+
+// timeoutFor is the sync timeout when the wait between syncs is wait:
+// Timeout scaled by wait/Period, so it stays shorter than the wait.
+func (s *InFlight) timeoutFor(wait time.Duration) time.Duration {
+	return time.Duration(float64(s.timeout) * float64(wait) / float64(s.period))
 }
 
 // Close closes the client New created from Options.Addr (a caller's Client
