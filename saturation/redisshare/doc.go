@@ -84,6 +84,11 @@
 //     (redis.SetLogger); the host decides whether to keep those lines.
 //   - After a Redis restart the keys are gone; each replica rewrites its own
 //     within one Period, so for that Period a view may miss some peers.
+//   - A stalled Redis (SIGSTOP, a long fork) still holds the transactions
+//     of syncs that timed out, and runs them when it resumes, in any order
+//     relative to newer ones: a replica's hash may briefly hold older
+//     counts until its next sync rewrites it (one Period), and a replica
+//     that left during the stall may reappear until its hash expires (TTL).
 //
 // The defaults (Period 5 ms, TTL 1 s) are argued at DefaultPeriod and
 // DefaultTTL.
