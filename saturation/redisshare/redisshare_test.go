@@ -201,7 +201,9 @@ func TestStoppedReplicaLeavesView(t *testing.T) {
 	b.Add("x", 5)
 	a.run(t)
 	b.run(t)
-	require.Eventually(t, func() bool { return a.InFlight("x") == 5 }, 2*time.Second, time.Millisecond)
+	// b's first sync may have reached Redis yet timed out on the way back,
+	// so wait for b itself to be up, not only for a to see its count.
+	require.Eventually(t, func() bool { return a.InFlight("x") == 5 && b.State() == Up }, 2*time.Second, time.Millisecond)
 	start := time.Now()
 	b.stop()
 	require.Equal(t, Down, b.State(), "a stopped replica serves its own counts")
@@ -298,7 +300,13 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 	r := <-during
 	t.Logf("request path, Redis SIGSTOPped (2 s): %v", r)
 	require.Positive(t, r.calls)
-	require.LessOrEqual(t, float64(r.over), 1e-4*float64(r.calls), "more than 0.01%% of request-path rounds took over 1 ms during the stall")
+	// A request path that called Redis, or shared a lock with the sync
+	// loop, would spend most of the stall inside slow rounds (the loop is
+	// inside a timed-out call most of the time). Scheduling noise on this
+	// shared machine puts a few hundred milliseconds there at most under
+	// -race, in the control phase too; a strict "every round under 1 ms"
+	// fails here on the control phase alone.
+	require.Less(t, r.slow, 500*time.Millisecond, "time spent in request-path rounds over 1 ms during the 2 s stall")
 	require.Less(t, r.worst, 200*time.Millisecond, "a request-path round took a tenth of the stall")
 	require.Eventually(t, func() bool { return a.State() == Up && a.InFlight("x") == 2 }, 2*time.Second, time.Millisecond)
 	requireTransitions(t, a.log.lines())
@@ -448,12 +456,14 @@ func TestInvalidConfig(t *testing.T) {
 }
 
 type roundStats struct {
-	calls, over int // rounds, and rounds over 1 ms
+	calls, over int           // rounds, and rounds over 1 ms
+	slow        time.Duration // total time inside rounds over 1 ms
 	worst       time.Duration
 }
 
 func (r roundStats) String() string {
-	return fmt.Sprintf("%d rounds of Inc + 2 reads + Dec, %d over 1 ms, slowest %v", r.calls, r.over, r.worst)
+	return fmt.Sprintf("%d rounds of Inc + 2 reads + Dec, %d over 1 ms (%v in them), slowest %v",
+		r.calls, r.over, r.slow.Round(time.Millisecond), r.worst)
 }
 
 // measureRequestPath times request-path rounds until stop is closed. It
@@ -476,6 +486,7 @@ func measureRequestPath(ep *Endpoint, v *InFlight, stop <-chan struct{}) roundSt
 		r.worst = max(r.worst, d)
 		if d > time.Millisecond {
 			r.over++
+			r.slow += d
 		}
 		r.calls++
 		runtime.Gosched()
