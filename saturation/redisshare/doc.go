@@ -57,10 +57,10 @@
 //
 // The Redis work per sync grows with replicas × endpoints, so the pool's
 // load on Redis grows with the square of the replica count. Measured on the
-// shared 2-core dev machine (BenchmarkSync, loopback): one sync seeing 7
-// peers of 4 endpoints each takes 114–144 µs and costs the server 45–56 µs
-// of CPU, so 8 replicas at the default 5 ms keep about 8 % of one Redis core
-// busy (2 % at 20 ms).
+// shared 2-core dev machine (BenchmarkSync, loopback, 10 runs): one sync
+// seeing 7 peers of 4 endpoints each takes 114–172 µs and costs the server
+// 45–68 µs of CPU, so 8 replicas at the default 5 ms keep about 8–11 % of
+// one Redis core busy (2–3 % at 20 ms).
 //
 // # Time bounds
 //
