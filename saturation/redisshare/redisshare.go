@@ -24,7 +24,7 @@ var ErrInvalidConfig = errors.New("redisshare: invalid configuration")
 // Close while it is.
 var ErrRunning = errors.New("redisshare: already running")
 
-// Defaults. See doc.go for why these values.
+// Defaults, each argued in its comment.
 const (
 	// DefaultPeriod is how often a replica publishes its counts and fetches
 	// the others'. 5 ms is well under the gap between two arrivals at the
@@ -49,9 +49,9 @@ const (
 // Options configures New. Set exactly one of Addr and Client, and ReplicaID.
 type Options struct {
 	// Addr is the Redis "host:port". New then creates and owns a client
-	// tuned for this job (socket and dial timeouts equal to Timeout, context
-	// deadlines honoured, no retries: the next period is the retry, at most
-	// two connections), and Close closes it.
+	// tuned for this job (each sync bounded by its context deadline, no
+	// retries: the next sync is the retry, at most two connections, no dial
+	// circuit breaker in practice), and Close closes it.
 	Addr string
 	// Client is an existing client, for TLS, auth, Sentinel or Cluster. The
 	// caller owns it and closes it after Run returns. It must honour context
@@ -72,9 +72,9 @@ type Options struct {
 	// Default DefaultPeriod.
 	Period time.Duration
 	// TTL is the longest a replica that stopped publishing keeps counting in
-	// the others' views, and the longest this replica serves the others'
-	// last-fetched counts while Redis fails. At least 4 Periods. Default
-	// DefaultTTL.
+	// the others' views, and how long this replica serves the others'
+	// last-fetched counts while Redis fails (dropped at the first failed
+	// sync past TTL). At least 4 Periods. Default DefaultTTL.
 	TTL time.Duration
 	// Timeout bounds one sync's Redis calls together (its one or two round
 	// trips, and a reconnection), so the loop never falls a period behind.
@@ -114,8 +114,8 @@ func (s State) String() string {
 // InFlight is the pool-wide in-flight view of one gateway replica: its own
 // live counts per endpoint plus the other replicas' counts fetched from
 // Redis. The request-path methods (Endpoint handles, Add, Inc, Dec,
-// InFlight) touch memory only: atomic operations, no lock, no allocation
-// once an endpoint is known, no network. Run does all Redis I/O in one
+// InFlight) touch memory only: atomic operations, and once an endpoint is
+// known no lock and no allocation; never the network. Run does all Redis I/O in one
 // background goroutine. Safe for concurrent use. Create it with New.
 type InFlight struct {
 	client     redis.UniversalClient

@@ -117,3 +117,10 @@ func TestFormatParseRoundTrip(t *testing.T) {
 		}
 	})
 }
+
+// An Endpoint plugs into anything that takes the Controller's in-flight
+// counter shape.
+var _ interface {
+	Inc()
+	Dec()
+} = (*Endpoint)(nil)
