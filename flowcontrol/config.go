@@ -89,13 +89,13 @@ type Pacing struct {
 func (p Pacing) enabled() bool { return p.Readings || p.Completions || p.Floor > 0 }
 
 // ReadingSource is a SaturationSource that counts its readings: Readings
-// returns a number that grows by one with each new reading (a scrape result
+// returns a number that grows by one with each new reading (saturation.Poller.ReadingSeq) (a scrape result
 // that changed what Saturation reports, or could have). With
 // Pacing.Readings, the dispatcher counts each new reading as a dispatch
 // opportunity.
 type ReadingSource interface {
 	SaturationSource
-	Readings() uint64
+	ReadingSeq() uint64
 }
 
 // Limits on configuration.

@@ -188,7 +188,7 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 	d.paced = cfg.Pacing.enabled()
 	if rs, ok := cfg.Source.(ReadingSource); ok && cfg.Pacing.Readings {
 		d.readings = rs
-		d.lastReading = rs.Readings()
+		d.lastReading = rs.ReadingSeq()
 	}
 	if cfg.Pacing.Floor > 0 {
 		d.floorTicks = int64((cfg.Pacing.Floor + d.tick - 1) / d.tick)
@@ -312,6 +312,11 @@ func (d *Dispatcher[T]) run(advance bool) {
 			// blocked, above MaxEvery is MaxEvery (since saturates
 			// there, so a larger Every would never open).
 			g.Every = min(max(g.Every, 0), MaxEvery)
+			if b.gate == 1 && g.Every != 1 {
+				// Gated now: what was left of the open band's
+				// unlimited release is not carried over.
+				b.budget = 0
+			}
 			b.gate = g.Every
 			b.every.Store(int64(g.Every))
 			b.ceiling.Store(floatBits(g.Ceiling))
@@ -365,7 +370,7 @@ func (d *Dispatcher[T]) opportunities(advance bool) int64 {
 	}
 	var ops int64
 	if d.readings != nil {
-		seq := d.readings.Readings()
+		seq := d.readings.ReadingSeq()
 		ops += int64(seq - d.lastReading)
 		d.lastReading = seq
 	}
@@ -423,6 +428,12 @@ func (d *Dispatcher[T]) credit(k int64) {
 	for i := range d.bands {
 		b := &d.bands[i]
 		b.since = int(min(int64(b.since)+ops, MaxEvery))
+		if b.gate != 1 {
+			// After a tick, a gated band holds either nothing or a
+			// fresh Burst, and the Step that follows the credit
+			// decides which from since: drop any leftover.
+			b.budget = 0
+		}
 	}
 }
 
