@@ -88,9 +88,10 @@ type Pacing struct {
 // enabled reports whether p replaces ticks with events.
 func (p Pacing) enabled() bool { return p.Readings || p.Completions || p.Floor > 0 }
 
-// ReadingSource is a SaturationSource that counts its readings: Readings
-// returns a number that grows by one with each new reading (saturation.Poller.ReadingSeq) (a scrape result
-// that changed what Saturation reports, or could have). With
+// ReadingSource is a SaturationSource that counts its readings: ReadingSeq
+// returns a number that grows by one with each new reading (a scrape result
+// that changed what Saturation reports, or could have), as
+// saturation.Poller's does. With
 // Pacing.Readings, the dispatcher counts each new reading as a dispatch
 // opportunity.
 type ReadingSource interface {
