@@ -104,7 +104,6 @@ func FuzzNewPoller(f *testing.F) {
 		}
 		valid := durValid(time.Duration(interval), time.Millisecond, time.Hour) &&
 			durValid(time.Duration(timeout), time.Millisecond, stale) && maxBody >= 0 && scorerValid(sc) &&
-			!(sc.InFlightCredit && cfg.InFlight == nil) &&
 			(cfg.Metrics.Waiting == nil && cfg.Metrics.KVUsage == nil ||
 				len(cfg.Metrics.Waiting) > 0 && len(cfg.Metrics.KVUsage) > 0)
 		for _, ep := range cfg.Endpoints {
