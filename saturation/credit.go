@@ -51,7 +51,8 @@ const (
 
 // credit is one endpoint's live in-flight count and credit threshold.
 type credit struct {
-	word atomic.Uint64 // count<<creditCountShift | T (units of 2^−16 request)
+	word    atomic.Uint64 // count<<creditCountShift | T (units of 2^−16 request)
+	removed atomic.Bool   // the endpoint left the set: Finished only
 }
 
 func (c *credit) count() int64 { return int64(c.word.Load() >> creditCountShift) }
@@ -192,7 +193,7 @@ func (l *liveCredit) setThreshold(c *credit, t uint64) {
 // and Dispatched and Finished do nothing (and report false).
 func (p *Poller) Dispatched(endpoint string) bool {
 	c := p.lookup(endpoint)
-	if c == nil {
+	if c == nil || c.removed.Load() {
 		return false
 	}
 	return p.live.inc(c)

@@ -333,6 +333,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 				pd.cr = &credit{}
 				pd.cr.word.Store(creditTMask)
 			}
+			pd.cr.removed.Store(false)
 			if p.run != nil {
 				p.startWorkerLocked(pd, 0)
 			}
@@ -346,6 +347,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 			// Out of the score; kept while requests to it are in
 			// flight so that their Finished calls still land.
 			p.live.setThreshold(c, creditTMask)
+			c.removed.Store(true)
 			if c.count() > 0 {
 				credits[ep] = c
 			}
@@ -406,11 +408,10 @@ func (p *Poller) rescoreLocked() {
 	now := p.cfg.Now()
 	// Recomputing the sum from scratch also clears the rounding drift the
 	// running sum gathers between rescores.
-	p.sum, p.n, p.inf = 0, 0, 0
 	for _, pd := range p.order {
 		p.scorePodLocked(pd, now)
-		p.countLocked(pd, 1)
 	}
+	p.resumLocked()
 	p.publishLocked()
 }
 
@@ -457,6 +458,19 @@ func (p *Poller) countLocked(pd *pod, sign int) {
 	p.sum += float64(sign) * pd.Score
 }
 
+// bigScore is the finite pod score above which a result re-sums the pool
+// instead of updating the running sum (O(pods) additions, no rescoring):
+// below it, the sum of any pool loses at most a few ulps per update.
+const bigScore = 1 << 20
+
+// resumLocked recomputes the running sum from the pods' current scores.
+func (p *Poller) resumLocked() {
+	p.sum, p.n, p.inf = 0, 0, 0
+	for _, pd := range p.order {
+		p.countLocked(pd, 1)
+	}
+}
+
 // publishLocked publishes the running pool sum (Saturation adds the live
 // credit on read).
 func (p *Poller) publishLocked() {
@@ -478,6 +492,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 		p.mu.Unlock()
 		return
 	}
+	before := pd.Score
 	p.countLocked(pd, -1)
 	pd.lastStart = res.start
 	pd.Scrapes++
@@ -497,6 +512,11 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	}
 	p.scorePodLocked(pd, p.cfg.Now())
 	p.countLocked(pd, 1)
+	if before > bigScore && !math.IsInf(before, 1) || pd.Score > bigScore && !math.IsInf(pd.Score, 1) {
+		// Taking a huge score out of the running sum would cancel the
+		// small ones with it (1e300 + 1 − 1e300 = 0): sum afresh.
+		p.resumLocked()
+	}
 	p.publishLocked()
 	p.live.seq.Add(1)
 	hook := p.onApply
