@@ -391,3 +391,32 @@ func ExampleNewProbabilistic() {
 	// band 1: flowcontrol: shed
 	// shed: 1
 }
+
+// TestProbabilisticAdmitAllocs: Admit allocates nothing, with an injected
+// source or the global generator.
+func TestProbabilisticAdmitAllocs(t *testing.T) {
+	seeded, _ := newProbabilistic(t, constSat(0.25), 3)
+	global, err := flowcontrol.NewProbabilistic(flowcontrol.ProbabilisticConfig{Source: constSat(0.25)})
+	require.NoError(t, err)
+	for _, a := range []*flowcontrol.Probabilistic{seeded, global} {
+		require.Zero(t, testing.AllocsPerRun(1000, func() { a.Admit(1, 2) }))
+	}
+}
+
+// BenchmarkProbabilisticAdmit: one sheddable Admit at s = 0.25 (a draw every
+// call), with a seeded source (a mutex) and with the global generator.
+func BenchmarkProbabilisticAdmit(b *testing.B) {
+	seeded, _ := newProbabilistic(b, constSat(0.25), 3)
+	global, err := flowcontrol.NewProbabilistic(flowcontrol.ProbabilisticConfig{Source: constSat(0.25)})
+	require.NoError(b, err)
+	for name, a := range map[string]*flowcontrol.Probabilistic{"seeded": seeded, "global": global} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					a.Admit(1, 2)
+				}
+			})
+		})
+	}
+}

@@ -377,3 +377,17 @@ func BenchmarkInFlightCredit(b *testing.B) {
 		})
 	})
 }
+
+// TestLiveCreditAllocs: a dispatch, a read and a completion allocate nothing.
+func TestLiveCreditAllocs(t *testing.T) {
+	p, err := NewPoller(PollerConfig{Endpoints: []string{"http://a/metrics"}, Scorer: Scorer{InFlightCredit: true}})
+	require.NoError(t, err)
+	inject(t, p, "http://a/metrics", Reading{Waiting: 1, Running: 3, KVUsage: 0.3}, nil)
+	var sink float64
+	require.Zero(t, testing.AllocsPerRun(1000, func() {
+		p.Dispatched("http://a/metrics")
+		sink += p.Saturation()
+		p.Finished("http://a/metrics")
+	}))
+	_ = sink
+}
