@@ -207,6 +207,10 @@ func (p *Poller) Dispatched(endpoint string) bool {
 // An endpoint removed by SetEndpoints while requests are in flight to it
 // keeps its count (out of the score) until they finish, so their Finished
 // calls still land; if it is added back meanwhile, it resumes that count.
+// (A Dispatched that races with the SetEndpoints removing its endpoint, on
+// an endpoint with nothing else in flight, may land on a count that is
+// being dropped: its Finished then reports false. Neither call changes the
+// saturation, since the endpoint is out of the score.)
 func (p *Poller) Finished(endpoint string) bool {
 	c := p.lookup(endpoint)
 	if c == nil {

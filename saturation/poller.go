@@ -173,12 +173,14 @@ type pod struct {
 // Poller scrapes the Prometheus metrics pages of a pool of model servers and
 // reports the pool's saturation (see Scorer for the formula and the rules).
 //
-// Saturation is one atomic load of the pool value, which is updated as each
-// scrape result arrives (the pod's score is replaced in a running sum) and
-// recomputed from every reading at each rescore: no I/O, no lock, no
-// allocation. Before the first result it is 1 (fail safe), and it returns to
-// 1 when Run returns (or Close stops a Start), because nothing keeps the
-// readings fresh any more.
+// Saturation reads the pool value in O(1): the pool's sum as of the last
+// scrape result (the pod's score is replaced in a running sum) or rescore
+// (recomputed from every reading), plus the live in-flight credit of the
+// requests the host reported with Dispatched and Finished, kept in one
+// atomic counter: no I/O, no lock, no allocation. Before the first result it
+// is 1 (fail safe), and it returns to 1 when Run returns (or Close stops a
+// Start), because nothing keeps the readings fresh any more. ReadingSeq
+// counts the results applied.
 //
 // Drive it with Run (or Start/Close): each endpoint is scraped every
 // Interval on its own schedule, each scrape under its own Timeout, at most
