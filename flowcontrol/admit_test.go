@@ -420,3 +420,33 @@ func BenchmarkProbabilisticAdmit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkControllerWaitAdmitter: back-to-back Waits on an open sheddable
+// band, without and with a probabilistic admitter that admits (s = 0), at
+// a large burst so that the tick budget does not bound the rate.
+func BenchmarkControllerWaitAdmitter(b *testing.B) {
+	adm, err := flowcontrol.NewProbabilistic(flowcontrol.ProbabilisticConfig{Source: constSat(0)})
+	require.NoError(b, err)
+	for name, a := range map[string]flowcontrol.Admitter{"none": nil, "probabilistic": adm} {
+		b.Run(name, func(b *testing.B) {
+			c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
+				Config:   flowcontrol.Config{Bands: bandsOf(2, 1024), Source: constSat(0), Burst: 4096},
+				Admitter: a,
+			})
+			require.NoError(b, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			runErr := c.Start(ctx)
+			b.ReportAllocs()
+			for b.Loop() {
+				done, err := c.Wait(ctx, 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				done()
+			}
+			cancel()
+			<-runErr
+			c.Close()
+		})
+	}
+}

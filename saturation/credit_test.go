@@ -391,3 +391,26 @@ func TestLiveCreditAllocs(t *testing.T) {
 	}))
 	_ = sink
 }
+
+// TestReadingSeq: every applied result advances the sequence, failed ones
+// included; a result for a pod removed meanwhile, a rescore and the credit
+// do not.
+func TestReadingSeq(t *testing.T) {
+	p, err := NewPoller(PollerConfig{Endpoints: []string{"http://a/metrics", "http://b/metrics"}})
+	require.NoError(t, err)
+	require.Zero(t, p.ReadingSeq())
+	inject(t, p, "http://a/metrics", Reading{Waiting: 1}, nil)
+	require.Equal(t, uint64(1), p.ReadingSeq())
+	inject(t, p, "http://a/metrics", Reading{}, fmt.Errorf("scrape: %w", ErrHTTPStatus))
+	require.Equal(t, uint64(2), p.ReadingSeq(), "a failure is a result")
+	p.mu.Lock()
+	b := p.pods["http://b/metrics"]
+	p.mu.Unlock()
+	require.NoError(t, p.SetEndpoints([]string{"http://a/metrics"}))
+	now := p.cfg.Now()
+	p.apply(b, scrapeResult{r: Reading{OK: true, At: now}, start: now})
+	require.Equal(t, uint64(2), p.ReadingSeq(), "a result of a removed pod is dropped")
+	p.Rescore()
+	p.Dispatched("http://a/metrics")
+	require.Equal(t, uint64(2), p.ReadingSeq())
+}
