@@ -147,6 +147,23 @@ func FuzzNewPoller(f *testing.F) {
 		if !failed && pollErr != nil {
 			t.Fatalf("Poll = %v with no failed pod", pollErr)
 		}
+		// The live credit agrees with Scorer.Pool over the readings with
+		// the same counts, within its documented bound.
+		if cfg.InFlight == nil {
+			counts := map[string]int64{}
+			for _, ep := range p.Endpoints() {
+				for range 3 {
+					if !p.Dispatched(ep) {
+						t.Fatalf("Dispatched(%s) refused", ep)
+					}
+				}
+				counts[ep] = 3
+			}
+			if !sc.InFlightCredit {
+				counts = nil
+			}
+			requireExact(t, p, counts, "3 in flight per pod")
+		}
 	})
 }
 
