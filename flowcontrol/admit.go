@@ -46,7 +46,10 @@ type ProbabilisticConfig struct {
 	// sheddable Admit. The reference is the mean over pods of
 	// max(waiting/5, kv/0.8): a saturation.Poller with the zero Scorer
 	// (without InFlightCredit). A NaN reading means unknown and admits.
-	// Required.
+	// (A Poller never reports NaN: like llm-d, it scores a pod it cannot
+	// see as 1, and an empty pool as 1, so an unreachable pool sheds every
+	// sheddable request; a host that prefers to admit then wraps the
+	// source.) Required.
 	Source SaturationSource
 	// K scales the refusal probability min(1, K·s^Power): finite and > 0.
 	// 0 means DefaultShedK (300).
