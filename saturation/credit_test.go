@@ -35,13 +35,17 @@ func inject(t tb, p *Poller, ep string, r Reading, err error) {
 }
 
 // exactPool is the O(pods) reference: Scorer.Pool over the poller's readings
-// with each pod's in-flight count taken from the model.
-func exactPool(p *Poller, counts map[string]int64) float64 {
+// with each pod's in-flight count taken from the model (own, plus the
+// peers' in the optional second map).
+func exactPool(p *Poller, counts map[string]int64, peers ...map[string]int64) float64 {
 	p.mu.Lock()
 	rs := make([]Reading, 0, len(p.order))
 	for _, pd := range p.order {
 		r := pd.Reading
 		r.InFlight = counts[pd.Endpoint]
+		for _, m := range peers {
+			r.InFlight += m[pd.Endpoint]
+		}
 		rs = append(rs, r)
 	}
 	p.mu.Unlock()
@@ -54,9 +58,9 @@ func creditTolerance(p *Poller, exact float64) float64 {
 	return math.Ldexp(1, -17)/q + 1e-9*max(1, math.Abs(exact))
 }
 
-func requireExact(t tb, p *Poller, counts map[string]int64, what string) {
+func requireExact(t tb, p *Poller, counts map[string]int64, what string, peers ...map[string]int64) {
 	t.Helper()
-	exact, got := exactPool(p, counts), p.Saturation()
+	exact, got := exactPool(p, counts, peers...), p.Saturation()
 	if math.IsInf(exact, 1) || math.IsInf(got, 1) {
 		require.Equal(t, exact, got, what)
 		return
@@ -81,8 +85,13 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 		for i := range universe {
 			universe[i] = fmt.Sprintf("http://pod%d/metrics", i)
 		}
-		p, err := NewPoller(PollerConfig{Endpoints: universe, Now: clk.Now, Scorer: sc,
-			FailFast: rapid.Bool().Draw(t, "failFast")})
+		peers := map[string]int64{} // other replicas' requests, read at scoring
+		cfg := PollerConfig{Endpoints: universe, Now: clk.Now, Scorer: sc,
+			FailFast: rapid.Bool().Draw(t, "failFast")}
+		if rapid.Bool().Draw(t, "peers") {
+			cfg.PeerInFlight = func(ep string) int64 { return peers[ep] }
+		}
+		p, err := NewPoller(cfg)
 		require.NoError(t, err)
 		current := map[string]bool{}
 		for _, ep := range universe {
@@ -97,6 +106,12 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 			}
 			return nil
 		}
+		scoredPeers := func() map[string]int64 {
+			if sc.InFlightCredit {
+				return peers
+			}
+			return nil
+		}
 		value := rapid.OneOf(
 			rapid.Float64Range(0, 20),
 			rapid.Map(rapid.IntRange(0, 20), func(i int) float64 { return float64(i) }),
@@ -105,7 +120,7 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 		for i := range rapid.IntRange(1, 120).Draw(t, "ops") {
 			ep := rapid.SampledFrom(universe).Draw(t, "ep")
 			var what string
-			switch op := rapid.IntRange(0, 9).Draw(t, "op"); op {
+			switch op := rapid.IntRange(0, 10).Draw(t, "op"); op {
 			case 0, 1, 2:
 				ok := p.Dispatched(ep)
 				require.Equal(t, current[ep], ok, "Dispatched on a known endpoint")
@@ -160,10 +175,23 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 					}
 				}
 				what = fmt.Sprintf("set %v", eps)
+			case 10:
+				if cfg.PeerInFlight == nil {
+					continue
+				}
+				peers[ep] = int64(rapid.IntRange(-2, 30).Draw(t, "peers"))
+				p.Rescore()
+				if peers[ep] < 0 {
+					peers[ep] = 0 // counts as 0
+				}
+				what = fmt.Sprintf("peers %s %d", ep, peers[ep])
 			}
-			requireExact(t, p, scored(), fmt.Sprintf("op %d (%s)", i, what))
+			requireExact(t, p, scored(), fmt.Sprintf("op %d (%s)", i, what), scoredPeers())
 			for e, n := range counts {
 				require.Equal(t, n, p.InFlight(e), e)
+			}
+			for _, r := range p.Readings() {
+				require.Equal(t, counts[r.Endpoint]+peers[r.Endpoint], r.InFlight, r.Endpoint)
 			}
 		}
 		// Draining every request leaves no credit at all.
@@ -172,8 +200,10 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 				require.True(t, p.Finished(e))
 			}
 		}
-		require.Zero(t, p.live.excess.Load())
-		requireExact(t, p, nil, "drained")
+		requireExact(t, p, nil, "drained", scoredPeers())
+		if cfg.PeerInFlight == nil {
+			require.Zero(t, p.live.excess.Load())
+		}
 	})
 }
 

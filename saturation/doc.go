@@ -68,7 +68,9 @@
 // 1/QueueDepthThreshold per request), and the pool keeps the sum of the hinges
 // in one atomic integer (Poller.Saturation states the precision). The older
 // PollerConfig.InFlight hook, read only at scrape results and rescores, is
-// deprecated. Poller.ReadingSeq counts the scrape results applied, so a
+// deprecated. Requests other gateway replicas have in flight (the shared view
+// of package redisshare) go in PollerConfig.PeerInFlight, read at results and
+// rescores: they shift each pod's threshold, so the own part stays O(1). Poller.ReadingSeq counts the scrape results applied, so a
 // dispatcher can tell when a new reading arrived.
 //
 // Run scrapes every endpoint on its own schedule, every Interval, with the

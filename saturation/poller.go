@@ -107,8 +107,20 @@ type PollerConfig struct {
 	// Deprecated: leave it nil and call Poller.Dispatched and
 	// Poller.Finished: their credit moves the saturation at once, with
 	// atomics only, where this hook's moves only at the next result or
-	// Rescore (a lock and O(pods) per call).
+	// Rescore (a lock and O(pods) per call). Other replicas' requests go
+	// in PeerInFlight.
 	InFlight func(endpoint string) int64
+	// PeerInFlight, when set, returns the number of requests other gateway
+	// replicas have in flight to an endpoint (for example
+	// redisshare.Endpoint.Others): with Scorer.InFlightCredit, the pod's
+	// credit is then max(0, own + peers − (waiting + running)), own being
+	// this poller's Dispatched minus Finished. It is read under the
+	// poller's lock, for one pod when its scrape result arrives and for
+	// every pod at each rescore (every Interval under Run), so the peers'
+	// part moves at that pace while the own part moves at once; keep it
+	// fast and do not call the poller from it. A negative value counts as
+	// 0. It cannot be combined with InFlight.
+	PeerInFlight func(endpoint string) int64
 	// FailFast scores a pod 1 as soon as one scrape fails. By default a
 	// failed scrape keeps the pod's last good reading until it is older
 	// than Scorer.Staleness, so one lost scrape does not jolt the pool.
@@ -136,12 +148,15 @@ type PodReading struct {
 	Endpoint string
 	// Reading is the last good reading (OK false if none, or after a
 	// failure with FailFast or a bad value), with InFlight the pod's
-	// live count at the snapshot (Dispatched minus Finished), or with the
+	// live count at the snapshot (Dispatched minus Finished) plus the
+	// peers' count (PeerInFlight) as of the pod's last rescore, or with the
 	// deprecated PollerConfig.InFlight hook its value at the pod's last
 	// rescore.
 	Reading
 	// Score is the pod's saturation at its last rescore, without the live
-	// in-flight credit (which Poller.Saturation adds on read).
+	// in-flight credit of this poller's own requests (which
+	// Poller.Saturation adds on read); the part of the peers' requests
+	// (PeerInFlight) beyond what the metrics show is in it.
 	Score float64
 	// Usable reports whether the pod counted on its merits at its last
 	// rescore (false: scored 1, or left out with Scorer.IgnoreStale).
@@ -167,6 +182,7 @@ type pod struct {
 	bad       bool      // the last scrape parsed an unusable value
 	lastStart time.Time // start of the newest scrape applied
 	cr        *credit   // live in-flight count and credit threshold
+	peers     int64     // PeerInFlight at the pod's last scoring
 	stop      context.CancelFunc
 }
 
@@ -242,6 +258,9 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	}
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
+	}
+	if cfg.PeerInFlight != nil && cfg.InFlight != nil {
+		return nil, fmt.Errorf("%w: PollerConfig.PeerInFlight cannot be combined with the deprecated PollerConfig.InFlight (which counts every request itself)", ErrInvalidConfig)
 	}
 	names := cfg.Metrics
 	if len(names.Waiting) == 0 && len(names.Running) == 0 && len(names.KVUsage) == 0 {
@@ -386,7 +405,7 @@ func (p *Poller) Readings() []PodReading {
 	for i, pd := range p.order {
 		out[i] = pd.PodReading
 		if p.cfg.InFlight == nil {
-			out[i].InFlight = pd.cr.count()
+			out[i].InFlight = pd.cr.count() + pd.peers
 		}
 	}
 	return out
@@ -419,17 +438,29 @@ func (p *Poller) rescoreLocked() {
 
 // scorePodLocked refreshes one pod's score without live credit, its credit
 // threshold, usability and reason (not the pool). With the deprecated hook,
-// the hook's count is read now and scored the old way, into Score.
+// the hook's count is read now and scored the old way, into Score. The
+// peers' count (PeerInFlight) is read now too: it shifts the threshold down
+// by as many requests, and what exceeds the threshold goes into Score.
 func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
-	pd.InFlight = 0
+	pd.InFlight, pd.peers = 0, 0
 	if p.cfg.InFlight != nil {
 		pd.InFlight = p.cfg.InFlight(pd.Endpoint)
+	}
+	if p.cfg.PeerInFlight != nil {
+		pd.peers = max(0, p.cfg.PeerInFlight(pd.Endpoint))
 	}
 	pd.Score = p.scorer.Pod(pd.Reading, now)
 	pd.Usable = p.scorer.Usable(pd.Reading, now)
 	t := uint64(creditTMask) // no credit
 	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
-		t = quantizeThreshold(p.scorer.creditThreshold(pd.Reading))
+		// credit = max(0, own + peers − T) = max(0, own − (T − peers)),
+		// and when peers ≥ T it is own + (peers − T) for every own ≥ 0.
+		th := p.scorer.creditThreshold(pd.Reading) - float64(pd.peers)
+		if th < 0 {
+			pd.Score += -th / p.scorer.withDefaults().QueueDepthThreshold
+			th = 0
+		}
+		t = quantizeThreshold(th)
 	}
 	p.live.setThreshold(pd.cr, t)
 	switch {

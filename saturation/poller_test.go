@@ -419,6 +419,8 @@ func TestNewPollerValidation(t *testing.T) {
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: -1}}},
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: time.Nanosecond}}},
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: 87600 * time.Hour}}}, // metricsStalenessThreshold: 87600h
+		{"PollerConfig.PeerInFlight", PollerConfig{PeerInFlight: func(string) int64 { return 0 },
+			InFlight: func(string) int64 { return 0 }}},
 		{"MetricNames.KVUsage", PollerConfig{Metrics: MetricNames{Waiting: []string{"w"}}}},
 		{"MetricNames.Waiting", PollerConfig{Metrics: MetricNames{KVUsage: []string{"kv"}}}},
 		{"endpoint 0", PollerConfig{Endpoints: []string{"not a url"}}},
@@ -442,6 +444,7 @@ func TestNewPollerValidation(t *testing.T) {
 		"kv threshold 1":       {Scorer: Scorer{KVUtilThreshold: 1}},
 		"credit with InFlight": {Scorer: Scorer{InFlightCredit: true}, InFlight: func(string) int64 { return 0 }},
 		"credit, own counters": {Scorer: Scorer{InFlightCredit: true}},
+		"credit with peers":    {Scorer: Scorer{InFlightCredit: true}, PeerInFlight: func(string) int64 { return 0 }},
 	}
 	for name, cfg := range good {
 		p, err := NewPoller(cfg)
