@@ -48,6 +48,12 @@ type Config struct {
 	MaxNumSeqs       int // running requests at most (max_num_seqs)
 	MaxModelLen      int // prompt + output tokens of one request at most
 	Step             StepModel
+	// PriorityScheduling is vLLM's --scheduling-policy priority: the waiting queue is
+	// ordered by (Request.Priority, arrival), preempted requests included, and the
+	// preemption victim is the running request with the largest (Priority, arrival)
+	// among those not yet scheduled in the step (the one being scheduled included).
+	// False is the default FCFS policy.
+	PriorityScheduling bool
 }
 
 // Qwen3-14B on one H100-SXM-80GB, derived in CALIBRATION.md (see the README's Simulator

@@ -11,6 +11,12 @@ type Request struct {
 	ID     uint64 // caller's identifier, echoed in events
 	Input  int    // prompt tokens (>= 1)
 	Output int    // tokens to generate (>= 1)
+	// Priority is vLLM's request priority (lower is more urgent); it matters only
+	// with Config.PriorityScheduling.
+	Priority int
+
+	seq     uint64 // arrival order at this replica (set by Add)
+	aborted bool   // Abort was called during the step that schedules it
 
 	computed    int // tokens whose KV is in the cache (reset to 0 by a preemption)
 	generated   int // output tokens sampled so far (kept across a preemption)
@@ -90,6 +96,7 @@ type Replica struct {
 	last    Batch
 	metrics Metrics
 	steps   uint64
+	seq     uint64
 }
 
 // New returns an idle replica with an empty KV cache.
@@ -124,9 +131,59 @@ func (r *Replica) Add(q *Request) error {
 		// The last sampled token is never computed, so a sequence caches Input+Output−1.
 		return fmt.Errorf("%w: Input+Output %d needs more than the %d KV blocks", ErrInvalidRequest, q.Input+q.Output, r.cfg.TotalBlocks)
 	}
-	q.computed, q.generated, q.blocks, q.Preemptions = 0, 0, 0, 0
-	r.waiting.pushBack(q)
+	q.computed, q.generated, q.blocks, q.Preemptions, q.aborted = 0, 0, 0, 0, false
+	r.seq++
+	q.seq = r.seq
+	r.enqueueWaiting(q, false)
 	return nil
+}
+
+// before reports whether a goes before b in the priority policy's order.
+func before(a, b *Request) bool {
+	return a.Priority < b.Priority || a.Priority == b.Priority && a.seq < b.seq
+}
+
+// enqueueWaiting puts q into the waiting queue: FCFS at the back (front for a
+// preempted request), or in (Priority, arrival) order under PriorityScheduling.
+func (r *Replica) enqueueWaiting(q *Request, preempted bool) {
+	if !r.cfg.PriorityScheduling {
+		if preempted {
+			r.waiting.pushFront(q)
+		} else {
+			r.waiting.pushBack(q)
+		}
+		return
+	}
+	r.waiting.insertSorted(q, before)
+}
+
+// Abort removes q wherever it is in the replica (the client gave up): from the
+// waiting queue or the running set, freeing its KV blocks. A request in the step in
+// progress leaves at Finish, with no events. It reports whether q was in the replica.
+func (r *Replica) Abort(q *Request) bool {
+	if r.waiting.remove(q) {
+		return true
+	}
+	for i, v := range r.running {
+		if v != q {
+			continue
+		}
+		if r.inStep {
+			for _, s := range r.batch {
+				if s.req == q {
+					q.aborted = true
+					return true
+				}
+			}
+		}
+		copy(r.running[i:], r.running[i+1:])
+		r.running[len(r.running)-1] = nil
+		r.running = r.running[:len(r.running)-1]
+		r.free += q.blocks
+		q.blocks = 0
+		return true
+	}
+	return false
 }
 
 // HasWork reports whether a step would schedule anything (a request waits or runs).
@@ -164,16 +221,27 @@ func (r *Replica) Running() []*Request { return r.running }
 // Waiting returns the waiting requests, front first, appended to dst.
 func (r *Replica) Waiting(dst []*Request) []*Request { return r.waiting.appendTo(dst) }
 
-// preemptNewest evicts the most recently admitted running request: its blocks are freed,
-// its progress is reset (recompute) and it goes to the front of the waiting queue.
-func (r *Replica) preemptNewest() *Request {
-	v := r.running[len(r.running)-1]
+// preempt evicts a running request: under FCFS the most recently admitted one, under
+// PriorityScheduling the one with the largest (Priority, arrival) among running[from:]
+// (those not yet scheduled in this step). Its blocks are freed, its progress is reset
+// (recompute) and it goes back to the waiting queue (the front, under FCFS).
+func (r *Replica) preempt(from int) *Request {
+	j := len(r.running) - 1
+	if r.cfg.PriorityScheduling {
+		for k := from; k < len(r.running); k++ {
+			if before(r.running[j], r.running[k]) {
+				j = k
+			}
+		}
+	}
+	v := r.running[j]
+	copy(r.running[j:], r.running[j+1:])
 	r.running[len(r.running)-1] = nil
 	r.running = r.running[:len(r.running)-1]
 	r.free += v.blocks
 	v.blocks, v.computed = 0, 0
 	v.Preemptions++
-	r.waiting.pushFront(v)
+	r.enqueueWaiting(v, true)
 	return v
 }
 
@@ -205,7 +273,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 				q.blocks += need
 				break
 			}
-			v := r.preemptNewest()
+			v := r.preempt(i)
 			preempted = true
 			dst = append(dst, Event{Kind: Preempted, Req: v})
 			if v == q {
@@ -213,7 +281,9 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			}
 		}
 		if i >= len(r.running) || r.running[i] != q {
-			break // q preempted itself: it was the newest, nothing after it remains
+			// q preempted itself (under FCFS it was the newest, so nothing follows;
+			// under PriorityScheduling the next running request is now at i).
+			continue
 		}
 		r.batch = append(r.batch, scheduled{q, n})
 		budget -= n
@@ -269,6 +339,12 @@ func (r *Replica) Finish(dst []Event) []Event {
 	done := false
 	for _, s := range r.batch {
 		q := s.req
+		if q.aborted {
+			r.free += q.blocks
+			q.blocks = 0
+			done = true
+			continue
+		}
 		q.computed += s.tokens
 		if q.computed < q.known() {
 			continue // a chunk of a longer prefill
@@ -289,7 +365,7 @@ func (r *Replica) Finish(dst []Event) []Event {
 	if done {
 		keep := r.running[:0]
 		for _, q := range r.running {
-			if q.generated < q.Output {
+			if q.generated < q.Output && !q.aborted {
 				keep = append(keep, q)
 			}
 		}
