@@ -4,6 +4,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +21,9 @@ func main() {
 // run is main without the process: tests call it twice and compare the bytes.
 func run(args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // -h: the usage went to stderr; exit 0
+	}
 	if err != nil {
 		return err
 	}
@@ -43,7 +48,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := writeSVG(f, results); err != nil {
+		if err := writeSVG(f, o, results); err != nil {
 			f.Close()
 			return err
 		}

@@ -21,7 +21,7 @@ func runArgs(t *testing.T, args ...string) string {
 func TestSameSeedSameBytes(t *testing.T) {
 	dir := t.TempDir()
 	args := func(svg string) []string {
-		return []string{"-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "3", "-quiet",
+		return []string{"-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "3", "-seeds", "2", "-quiet",
 			"-plot", filepath.Join(dir, svg)}
 	}
 	a := runArgs(t, args("a.svg")...)
@@ -34,17 +34,20 @@ func TestSameSeedSameBytes(t *testing.T) {
 	require.Equal(t, sa, sb)
 	require.True(t, bytes.HasPrefix(sa, []byte("<svg")))
 	require.Contains(t, a, "| codegen | 16 |")
-	c := runArgs(t, "-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "4", "-quiet")
+	c := runArgs(t, "-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "4", "-seeds", "2", "-quiet")
 	require.NotEqual(t, a, c)
 }
 
 func TestJSONKeys(t *testing.T) {
-	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2")
+	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2",
+		"-seeds", "2", "-policy", "none,llmd-static,llmd-soft-reflective,static,soft-reflective")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2, "one object per (workload, qps, policy)")
+	pols := []string{"floor", "none", "llmd-static", "llmd-soft-reflective", "static", "soft-reflective"}
+	require.Len(t, lines, 2*len(pols), "one object per (workload, qps, policy, seed): JSON Lines")
 	want := []string{"workload", "qps", "policy", "seed", "requests", "completed", "rejected",
 		"critical_ttft_p50_ms", "critical_ttft_p99_ms", "critical_e2e_p99_ms", "sheddable_ttft_p99_ms",
-		"sheddable_e2e_p99_ms", "throughput_rps", "share_dead_zone", "share_proportional", "share_hard_block"}
+		"sheddable_e2e_p99_ms", "throughput_rps", "total_throughput_rps", "goodput_rps", "critical_timeouts",
+		"sheddable_timeouts", "share_dead_zone", "share_proportional", "share_hard_block"}
 	for i, l := range lines {
 		var m map[string]any
 		require.NoError(t, json.Unmarshal([]byte(l), &m))
@@ -52,16 +55,27 @@ func TestJSONKeys(t *testing.T) {
 		for _, k := range want {
 			require.Contains(t, m, k)
 		}
-		require.Equal(t, []string{"static", "soft-reflective"}[i], m["policy"])
+		require.Equal(t, pols[i/2], m["policy"])
+		require.EqualValues(t, 1+i%2, m["seed"])
 		require.Equal(t, m["requests"], m["completed"])
 		require.EqualValues(t, 0, m["rejected"])
+		if m["policy"] == "floor" {
+			require.EqualValues(t, 0, m["sheddable_ttft_p99_ms"], "the floor has no sheddable traffic")
+		}
 	}
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.NoError(t, run([]string{"-h"}, &out, &errb))
+	require.Contains(t, errb.String(), "-client-timeout")
 }
 
 func TestFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"-workload", "poetry"}, {"-qps", "1,x"}, {"-qps", "-3"}, {"-policy", "fifo"}, {"-format", "xml"},
 		{"-duration", "0s"}, {"-gateways", "0"}, {"-burst", "-1"}, {"-step-decode-ns", "-1"}, {"extra"},
+		{"-seeds", "0"}, {"-client-timeout", "-1s"}, {"-policy", "none,fifo"},
 	} {
 		var out, errb bytes.Buffer
 		require.Error(t, run(args, &out, &errb), "%v", args)
