@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 )
 
@@ -72,6 +73,17 @@ type Batch struct {
 	ContextTokens int // KV tokens attention reads: Σ (computed before + scheduled)
 }
 
+// add counts request q scheduled for n tokens in the batch.
+func (b *Batch) add(q *Request, n int) {
+	b.Requests++
+	if n == 1 && q.generated > 0 && q.computed == q.known()-1 {
+		b.DecodeTokens++
+	} else {
+		b.PrefillTokens += n
+	}
+	b.ContextTokens += q.computed + n
+}
+
 type scheduled struct {
 	req    *Request
 	tokens int
@@ -97,6 +109,7 @@ type Replica struct {
 	metrics Metrics
 	steps   uint64
 	seq     uint64
+	shift   int // log2(BlockSize) when it is a power of two, else -1
 }
 
 // New returns an idle replica with an empty KV cache.
@@ -104,13 +117,20 @@ func New(cfg Config) (*Replica, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Replica{cfg: cfg, free: cfg.TotalBlocks}, nil
+	r := &Replica{cfg: cfg, free: cfg.TotalBlocks, shift: -1}
+	if bs := cfg.BlockSize; bs&(bs-1) == 0 {
+		r.shift = bits.TrailingZeros(uint(bs))
+	}
+	return r, nil
 }
 
 // Config returns the replica's configuration.
 func (r *Replica) Config() Config { return r.cfg }
 
 func (r *Replica) blocksFor(tokens int) int {
+	if r.shift >= 0 {
+		return (tokens + r.cfg.BlockSize - 1) >> r.shift
+	}
 	return (tokens + r.cfg.BlockSize - 1) / r.cfg.BlockSize
 }
 
@@ -263,6 +283,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 	r.batch = r.batch[:0]
 	budget := r.cfg.MaxBatchedTokens
 	preempted := false
+	var b Batch
 	for i := 0; i < len(r.running) && budget > 0; {
 		q := r.running[i]
 		n := min(q.known()-q.computed, budget)
@@ -286,6 +307,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			continue
 		}
 		r.batch = append(r.batch, scheduled{q, n})
+		b.add(q, n)
 		budget -= n
 		i++
 	}
@@ -303,6 +325,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			r.waiting.popFront()
 			r.running = append(r.running, q)
 			r.batch = append(r.batch, scheduled{q, n})
+			b.add(q, n)
 			budget -= n
 			admitted++
 		}
@@ -311,16 +334,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 		r.last = Batch{}
 		return 0, dst, false
 	}
-	b := Batch{Admitted: admitted}
-	for _, s := range r.batch {
-		b.Requests++
-		if s.tokens == 1 && s.req.generated > 0 && s.req.computed == s.req.known()-1 {
-			b.DecodeTokens++
-		} else {
-			b.PrefillTokens += s.tokens
-		}
-		b.ContextTokens += s.req.computed + s.tokens
-	}
+	b.Admitted = admitted
 	r.last = b
 	r.inStep = true
 	return (r.cfg.Step.Duration(b.PrefillTokens, b.DecodeTokens, b.ContextTokens, b.Admitted)), dst, true
