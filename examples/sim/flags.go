@@ -39,6 +39,7 @@ type options struct {
 	step        vllm.StepModel
 	parallel    int
 	sweep       bool
+	fit         bool
 	sweepQPS    string
 	sweepTicks  string
 	sweepBursts string
@@ -81,6 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.step.ContextNs, "step-context-ns", def.ContextNs, "step model: ns per context token read")
 	admit := fs.Duration("step-admit", def.PerAdmit, "step model: cost per request admitted in a step")
 	fs.IntVar(&o.parallel, "parallel", 0, "experiments run concurrently (0 = GOMAXPROCS); output does not depend on it")
+	fs.BoolVar(&o.fit, "fit", false, "print the calibration fit: llm-d parity at every published point, model vs hardware, residuals")
 	fs.BoolVar(&o.sweep, "sweep", false, "run the Tick × Burst × credit sweep used to choose flowgate's defaults")
 	fs.StringVar(&o.sweepQPS, "sweep-points", "codegen:4,codegen:16,chat:20,chat:80,reasoning:0.2,reasoning:0.7", "sweep: workload:qps points")
 	fs.StringVar(&o.sweepTicks, "sweep-ticks", "", "sweep: comma-separated ticks (default 1ms,5ms,10ms,50ms)")

@@ -27,6 +27,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.fit {
+		return runFit(o, stdout, stderr)
+	}
 	if o.sweep {
 		return runSweep(o, stdout, stderr)
 	}

@@ -92,3 +92,15 @@ func TestSweepRuns(t *testing.T) {
 	}
 	require.Equal(t, 2*len(sweepTicks)*len(sweepBursts), rows, out)
 }
+
+// TestSameSeedSameBytesGateways4: with four gateways sharing the pool (ties between
+// their events resolved by the documented total order), the same seed gives the same
+// bytes, whatever the parallelism; the acceptance command's policies in JSON.
+func TestSameSeedSameBytesGateways4(t *testing.T) {
+	args := []string{"-workload", "codegen", "-qps", "16", "-duration", "15s", "-seeds", "2", "-gateways", "4", "-quiet",
+		"-policy", "none,llmd-static,llmd-soft-reflective,soft-reflective", "-format", "json"}
+	a := runArgs(t, args...)
+	b := runArgs(t, append(args, "-parallel", "1")...)
+	require.Equal(t, a, b)
+	require.Equal(t, 2*5, strings.Count(a, "\n"), "floor + 4 policies, 2 seeds")
+}

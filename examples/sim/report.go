@@ -90,7 +90,8 @@ func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Re
 		}
 	}
 	if !quiet {
-		fmt.Fprintf(stderr, "%d experiments in %v (wall clock)\n", len(js), time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(stderr, "%d experiments in %v wall clock (process CPU so far %v, GOMAXPROCS %d)\n", len(js),
+			time.Since(start).Round(time.Millisecond), cpuTime().Round(time.Millisecond), runtime.GOMAXPROCS(0))
 	}
 	return res, nil
 }
