@@ -25,7 +25,7 @@ type evKind uint8
 // Event kinds, in the order events at the same instant are handled (see compareEvents).
 const (
 	evStepEnd evKind = iota // idx = replica: a step's effects land first
-	evTimeout               // idx = request: its client gives up
+	evTimeout               // idx = gateway: the client of its oldest pending request gives up
 	evScrape                // idx = gateway
 	evSweep                 // idx = gateway: llm-d's 1 s expiry sweep
 	evArrival               // idx = gateway
@@ -94,11 +94,15 @@ type gateway struct {
 	lastTick    int64 // index of the last tick Step ran (tick k is at k·Tick); -1 none
 	tickPending bool
 
-	direct    int   // requests dispatched on arrival (None, Floor)
-	accounted int64 // ticks < accounted are in regime/satSum
-	regime    [3]uint64
-	satSum    float64
-	maxQueued int
+	direct int // requests dispatched on arrival (None, Floor)
+	// clients[clientHead:] are this gateway's requests whose client timeout has not
+	// fired yet, in arrival (= deadline) order; one evTimeout is armed for the head.
+	clients    []int32
+	clientHead int
+	accounted  int64 // ticks < accounted are in regime/satSum
+	regime     [3]uint64
+	satSum     float64
+	maxQueued  int
 }
 
 type sim struct {
@@ -239,7 +243,7 @@ func (s *sim) loop() {
 		case evStepEnd:
 			s.stepEnd(int(e.idx))
 		case evTimeout:
-			s.timeout(e.idx)
+			s.timeouts(s.gws[e.idx], e.idx)
 		case evSweep:
 			s.sweep(s.gws[e.idx], e.idx)
 		}
@@ -436,7 +440,12 @@ func (s *sim) arrive(g *gateway, gi int32) {
 		band = BandCritical
 	}
 	if s.cfg.ClientTimeout > 0 {
-		s.push(s.now+int64(s.cfg.ClientTimeout), evTimeout, id)
+		// Deadlines are arrival + a constant, so each gateway's are in arrival order:
+		// a FIFO per gateway with one event armed for its head keeps the heap small.
+		g.clients = append(g.clients, id)
+		if len(g.clients)-g.clientHead == 1 {
+			s.push(s.now+int64(s.cfg.ClientTimeout), evTimeout, gi)
+		}
 	}
 	switch {
 	case g.d == nil && g.l == nil:
@@ -480,6 +489,30 @@ func (s *sim) nextArrival(g *gateway, gi int32) {
 	} else {
 		g.hasNext = false
 		s.arrivals--
+	}
+}
+
+// timeouts fires the client timeouts of gateway gi that are due now, in arrival order,
+// and arms the next one (skipping requests that completed meanwhile).
+func (s *sim) timeouts(g *gateway, gi int32) {
+	to := int64(s.cfg.ClientTimeout)
+	for g.clientHead < len(g.clients) {
+		id := g.clients[g.clientHead]
+		q := &s.reqs[id]
+		if q.done >= 0 || q.rejected {
+			g.clientHead++
+			continue
+		}
+		if q.arrive+to > s.now {
+			s.push(q.arrive+to, evTimeout, gi)
+			break
+		}
+		g.clientHead++
+		s.timeout(id)
+	}
+	if g.clientHead > 4096 && 2*g.clientHead > len(g.clients) {
+		g.clients = append(g.clients[:0], g.clients[g.clientHead:]...)
+		g.clientHead = 0
 	}
 }
 
