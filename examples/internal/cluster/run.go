@@ -5,8 +5,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/emirpasic/gods/v2/trees/binaryheap"
-
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
@@ -33,7 +31,7 @@ const (
 	evKick                  // idx = replica: start a step if idle, after the instant's releases
 )
 
-// event is a comparable value so it can live in a gods binary heap.
+// event is one scheduled happening of the run.
 type event struct {
 	at   int64
 	seq  uint64
@@ -110,7 +108,7 @@ type sim struct {
 	now      int64
 	base     time.Time
 	seq      uint64
-	events   *binaryheap.Heap[event]
+	events   eventHeap
 	replicas []*vllm.Replica
 	busy     []bool // a step is in flight
 	kicked   []bool // an evKick is pending
@@ -131,7 +129,7 @@ type sim struct {
 
 func (s *sim) push(at int64, k evKind, idx int32) {
 	s.seq++
-	s.events.Push(event{at: at, seq: s.seq, kind: k, idx: idx})
+	s.events.push(event{at: at, seq: s.seq, kind: k, idx: idx})
 }
 
 func (s *sim) nowTime() time.Time { return s.base.Add(time.Duration(s.now)) }
@@ -163,7 +161,6 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:    cfg,
 		base:   time.Unix(0, 0).UTC(),
-		events: binaryheap.NewWith(compareEvents),
 		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
@@ -221,11 +218,11 @@ func run(cfg Config) (*sim, error) {
 
 func (s *sim) loop() {
 	limit := s.window + int64(s.cfg.DrainLimit)
-	for !s.events.Empty() {
+	for !s.events.empty() {
 		if s.arrivals == 0 && s.pending == 0 && !s.anyBusy() {
 			return // (a busy replica may still hold requests aborted in its step)
 		}
-		e, _ := s.events.Pop()
+		e := s.events.pop()
 		if e.at > limit {
 			return
 		}

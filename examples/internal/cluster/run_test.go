@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"github.com/flowgate/flowgate/examples/internal/workload"
 )
@@ -279,4 +281,36 @@ func TestCatchUpCapDoesNotChangeResults(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, all, capped)
 	}
+}
+
+// TestEventHeapOrder: the heap pops events in compareEvents order (time, kind, index,
+// sequence), whatever the push order.
+func TestEventHeapOrder(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var h eventHeap
+		var all []event
+		for i := range rapid.IntRange(0, 200).Draw(t, "n") {
+			e := event{at: rapid.Int64Range(0, 5).Draw(t, "at"), seq: uint64(i),
+				kind: evKind(rapid.IntRange(0, int(evKick)).Draw(t, "kind")), idx: int32(rapid.IntRange(0, 3).Draw(t, "idx"))}
+			h.push(e)
+			all = append(all, e)
+			if rapid.Bool().Draw(t, "pop") && !h.empty() {
+				got := h.pop()
+				min := slices.MinFunc(all, compareEvents)
+				if got != min {
+					t.Fatalf("popped %+v, want %+v", got, min)
+				}
+				all = slices.DeleteFunc(all, func(x event) bool { return x == got })
+			}
+		}
+		slices.SortFunc(all, compareEvents)
+		for _, want := range all {
+			if got := h.pop(); got != want {
+				t.Fatalf("popped %+v, want %+v", got, want)
+			}
+		}
+		if !h.empty() {
+			t.Fatal("heap not empty")
+		}
+	})
 }
