@@ -75,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
 	fs.IntVar(&o.replicas, "replicas", 2, "vLLM replicas in the pool")
 	fs.Float64Var(&o.cv, "cv", workload.DefaultCV, "coefficient of variation of token lengths (log-normal; 0 = constant)")
-	def := vllm.DefaultStepModel()
+	def := vllm.FittedStepModel()
 	base := fs.Duration("step-base", def.Base, "step model: fixed cost per step")
 	fs.Float64Var(&o.step.PrefillNs, "step-prefill-ns", def.PrefillNs, "step model: ns per prefill token")
 	fs.Float64Var(&o.step.DecodeNs, "step-decode-ns", def.DecodeNs, "step model: ns per decode token")
