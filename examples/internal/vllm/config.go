@@ -84,15 +84,15 @@ func DefaultConfig() Config {
 
 // FittedStepModel is the step model fitted to the published hardware points with llm-d
 // parity as the baseline (issue 11; the README's "Calibration: step time" has the grid
-// search and the fit table): prefill 56 µs/token (26.4 GFLOP at 47 % of 989 TFLOP/s,
+// search and the fit table): prefill 59 µs/token (26.4 GFLOP at 45 % of 989 TFLOP/s,
 // inside the 45–50 % MFU estimate, above the 44.5 µs bound of 60 % MFU), decode
-// 40 µs/token, context read 145 ns/token (160 KiB at 1.13 TB/s, a third of the HBM peak;
+// 35 µs/token, context read 145 ns/token (160 KiB at 1.13 TB/s, a third of the HBM peak;
 // the bound is 49 ns), no per-request charge. The simulator's default.
 func FittedStepModel() StepModel {
 	return StepModel{
 		Base:      13600 * time.Microsecond,
-		PrefillNs: 56000,
-		DecodeNs:  40000,
+		PrefillNs: 59000,
+		DecodeNs:  35000,
 		ContextNs: 145,
 	}
 }
