@@ -195,30 +195,31 @@ func NewProxy(opts Options) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
-	capacity, maxWait := make([]int, len(cfg.Bands)), make([]time.Duration, len(cfg.Bands))
+	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
+	names := make([]string, len(cfg.Bands))
 	for i, b := range cfg.Bands {
-		capacity[i] = b.Capacity
-		maxWait[i] = b.MaxWait
+		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait}
+		names[i] = b.Name
+	}
+	p.col, err = flowmetrics.New(len(cfg.Bands), flowmetrics.Options{BandNames: names})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands:        len(cfg.Bands),
-		BandCapacity: capacity,
-		Policy:       policy,
-		Source:       poller,
-		Burst:        cfg.Burst,
-		Tick:         cfg.Tick,
-		MaxWait:      maxWait,
+		Config: flowcontrol.Config{
+			Bands:  bands,
+			Policy: policy,
+			Source: poller,
+			Burst:  cfg.Burst,
+			Tick:   cfg.Tick,
+		},
+		OnOutcome: p.col.OnOutcome,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: flow control: %w", err)
 	}
 	p.ctrl = ctrl
-	names := make([]string, len(cfg.Bands))
-	for i, b := range cfg.Bands {
-		names[i] = b.Name
-	}
-	p.col, err = flowmetrics.New(ctrl, len(cfg.Bands), flowmetrics.Options{BandNames: names})
-	if err != nil {
+	if err := p.col.Bind(ctrl); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	p.answers = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -247,7 +248,8 @@ func (p *Proxy) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	p.wg.Add(3)
-	go func() { defer p.wg.Done(); _ = p.ctrl.Run(ctx) }()
+	ran := p.ctrl.Start(ctx) // running before Start returns: no request sees ErrNotRunning
+	go func() { defer p.wg.Done(); <-ran }()
 	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
 	go func() { defer p.wg.Done(); p.watchPods(ctx) }()
 }
@@ -406,7 +408,7 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 		p.refuse(rec, code, reason)
 		return code, reason
 	}
-	done, err := p.col.Wait(r.Context(), p.ctrl, band)
+	done, err := p.ctrl.Wait(r.Context(), band)
 	if err != nil {
 		switch {
 		case errors.Is(err, flowcontrol.ErrQueueFull):

@@ -259,17 +259,22 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 	onDrop := func(band int, _ int32, _ error) { gw.queued[band]-- } // only abandoned items are dropped
 	switch {
 	case cfg.flowgate():
+		bandCfg := make([]flowcontrol.BandConfig, bands)
+		for i := range bandCfg {
+			bandCfg[i].Capacity = cfg.Capacity
+		}
 		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int32]{
-			Bands:     bands,
-			Capacity:  cfg.Capacity,
-			Policy:    s.policy,
-			Source:    source{s, gw},
+			Config: flowcontrol.Config{
+				Bands:  bandCfg,
+				Policy: s.policy,
+				Source: source{s, gw},
+				Burst:  cfg.Burst,
+				Tick:   cfg.Tick,
+				Now:    s.nowTime,
+			},
 			Dispatch:  func(band int, id int32) { s.dispatch(gi, band, id) },
 			OnDrop:    onDrop,
 			Abandoned: abandoned,
-			Burst:     cfg.Burst,
-			Tick:      cfg.Tick,
-			Now:       s.nowTime,
 		})
 		gw.d = d
 		return err
