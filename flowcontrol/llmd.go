@@ -159,10 +159,12 @@ func (p *LLMDSoftReflectivePolicy) TopCeiling(float64) float64 { return 1 }
 
 // LLMDDispatcherConfig configures NewLLMDDispatcher.
 type LLMDDispatcherConfig[T any] struct {
-	// Capacity holds one entry per band (band 0 the highest priority), each the
-	// number of items the band holds, 1..queue.MaxCapacity; 1..MaxBands bands.
-	// Required. (llm-d's per-band default is 5,000 requests.)
-	Capacity []int
+	// Bands configures the priority bands, band 0 (the highest priority) first,
+	// 1..MaxBands entries, validated as for Config.Bands. Capacity is required
+	// (llm-d's per-band default is 5,000 requests); MaxWait is the band's request
+	// TTL, enforced by Sweep (llm-d's default TTL is 60 s; 0 means none); MaxBytes is
+	// validated and handed back by BandConfigs, not counted. Required.
+	Bands []BandConfig
 	// Policy computes the ceilings. Nil means LLMDStatic(1.0).
 	Policy LLMDUsageLimitPolicy
 	// Source is read once per cycle. Required.
@@ -177,9 +179,6 @@ type LLMDDispatcherConfig[T any] struct {
 	// is dropped with ErrCancelled when a cycle reaches it (without using the cycle's
 	// one dispatch) or at the next Sweep after Abandon(band).
 	Abandoned func(item T) bool
-	// TTL bounds how long an item may wait; past it, the next Sweep drops it with
-	// ErrExpired. 0 means no limit. (llm-d's default request TTL is 60 s.)
-	TTL time.Duration
 	// Now is the clock for enqueue times. Nil means time.Now.
 	Now func() time.Time
 }
@@ -192,6 +191,7 @@ type llmdEntry[T any] struct {
 type llmdBand[T any] struct {
 	ring      *queue.Ring[llmdEntry[T]]
 	capacity  int64
+	ttl       int64 // ns, 0 = none
 	queued    atomic.Int64
 	head      llmdEntry[T] // an item taken from the ring but still queued
 	hasHead   bool
@@ -227,7 +227,7 @@ type LLMDDispatcher[T any] struct {
 	dispatch  func(int, T)
 	onDrop    func(int, T, error)
 	abandoned func(T) bool
-	ttl       int64
+	configs   []BandConfig
 	now       func() time.Time
 	base      time.Time
 	notify    chan struct{}
@@ -237,13 +237,9 @@ type LLMDDispatcher[T any] struct {
 // NewLLMDDispatcher validates cfg and returns a dispatcher. Errors wrap
 // ErrInvalidConfig and name the field.
 func NewLLMDDispatcher[T any](cfg LLMDDispatcherConfig[T]) (*LLMDDispatcher[T], error) {
-	if len(cfg.Capacity) < 1 || len(cfg.Capacity) > MaxBands {
-		return nil, fmt.Errorf("%w: Capacity must have 1..%d entries (one per band), got %d", ErrInvalidConfig, MaxBands, len(cfg.Capacity))
-	}
-	for i, c := range cfg.Capacity {
-		if err := queue.CheckCapacity(c); err != nil {
-			return nil, fmt.Errorf("%w: Capacity[%d]: %w", ErrInvalidConfig, i, err)
-		}
+	bands, err := (&Config{Bands: cfg.Bands, Source: cfg.Source}).check()
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Policy == nil {
 		cfg.Policy = LLMDStatic(1)
@@ -253,39 +249,40 @@ func NewLLMDDispatcher[T any](cfg LLMDDispatcherConfig[T]) (*LLMDDispatcher[T], 
 			return nil, err
 		}
 	}
-	switch {
-	case cfg.Source == nil:
-		return nil, fmt.Errorf("%w: Source is required", ErrInvalidConfig)
-	case cfg.Dispatch == nil:
+	if cfg.Dispatch == nil {
 		return nil, fmt.Errorf("%w: Dispatch is required", ErrInvalidConfig)
-	case cfg.TTL < 0:
-		return nil, fmt.Errorf("%w: TTL must be >= 0, got %v", ErrInvalidConfig, cfg.TTL)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	d := &LLMDDispatcher[T]{
-		bands:     make([]llmdBand[T], len(cfg.Capacity)),
-		ceilings:  make([]float64, len(cfg.Capacity)),
+		bands:     make([]llmdBand[T], len(bands)),
+		ceilings:  make([]float64, len(bands)),
+		configs:   bands,
 		policy:    cfg.Policy,
 		source:    cfg.Source,
 		dispatch:  cfg.Dispatch,
 		onDrop:    cfg.OnDrop,
 		abandoned: cfg.Abandoned,
-		ttl:       int64(cfg.TTL),
 		now:       cfg.Now,
 		notify:    make(chan struct{}, 1),
 	}
 	d.base = d.now()
-	for i, c := range cfg.Capacity {
-		d.bands[i].ring = queue.NewRing[llmdEntry[T]](c)
-		d.bands[i].capacity = int64(c)
+	for i, c := range bands {
+		d.bands[i].ring = queue.NewRing[llmdEntry[T]](c.Capacity)
+		d.bands[i].capacity = int64(c.Capacity)
+		d.bands[i].ttl = int64(c.MaxWait)
 	}
 	return d, nil
 }
 
 // Bands returns the number of bands.
 func (d *LLMDDispatcher[T]) Bands() int { return len(d.bands) }
+
+// BandConfigs returns the validated band configs (names defaulted).
+func (d *LLMDDispatcher[T]) BandConfigs() []BandConfig {
+	return append([]BandConfig(nil), d.configs...)
+}
 
 // Enqueue appends item to band's queue. It does not run a cycle: llm-d runs one after
 // every enqueue, so a host calls Cycle next (Run does, woken by Enqueue). Errors:
@@ -425,7 +422,7 @@ func (d *LLMDDispatcher[T]) Abandon(band int) {
 }
 
 // Sweep is llm-d's periodic cleanup: it drops the items that have waited longer than
-// TTL (ErrExpired) and, in bands that had an Abandon since the last sweep, the
+// their band's MaxWait, the TTL (ErrExpired) and, in bands that had an Abandon since the last sweep, the
 // abandoned items (ErrCancelled). Order within a band is kept.
 func (d *LLMDDispatcher[T]) Sweep() {
 	now := int64(d.now().Sub(d.base))
@@ -436,13 +433,13 @@ func (d *LLMDDispatcher[T]) Sweep() {
 			d.sweepAll(i, b, now)
 			continue
 		}
-		if d.ttl == 0 {
+		if b.ttl == 0 {
 			continue
 		}
 		// FIFO by enqueue time: the expired items are at the front.
 		for {
 			e, ok := b.front()
-			if !ok || now-e.at <= d.ttl {
+			if !ok || now-e.at <= b.ttl {
 				break
 			}
 			it, _ := b.take()
@@ -463,7 +460,7 @@ func (d *LLMDDispatcher[T]) sweepAll(i int, b *llmdBand[T], now int64) {
 		switch {
 		case d.abandoned(e.item):
 			d.drop(i, e.item, ErrCancelled)
-		case d.ttl > 0 && now-e.at > d.ttl:
+		case b.ttl > 0 && now-e.at > b.ttl:
 			d.drop(i, e.item, ErrExpired)
 		default:
 			kept = append(kept, e)

@@ -21,11 +21,11 @@ type sent struct{ band, item int }
 func newLLMD(t *testing.T, p LLMDUsageLimitPolicy, bands int, src SaturationSource) (*LLMDDispatcher[int], *[]sent) {
 	t.Helper()
 	var out []sent
-	caps := make([]int, bands)
-	for i := range caps {
-		caps[i] = 64
+	bs := make([]BandConfig, bands)
+	for i := range bs {
+		bs[i].Capacity = 64
 	}
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Capacity: caps, Policy: p, Source: src,
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
 		Dispatch: func(b, it int) { out = append(out, sent{b, it}) }})
 	require.NoError(t, err)
 	return d, &out
@@ -135,6 +135,13 @@ func TestLLMDHaltsAtFirstGatedBand(t *testing.T) {
 	require.True(t, d.Cycle(), "counter 3: open")
 	require.Equal(t, []sent{{2, 7}}, *out)
 
+	// With a policy whose ceilings are not monotone (a user's), the halt at the first
+	// gated band is visible: band 1 gated, band 2 open, band 2's item does not go.
+	d, out = newLLMD(t, tableLLMD{{1, 0.1, 1}}, 3, src)
+	require.NoError(t, d.Enqueue(2, 9))
+	require.False(t, d.Cycle(), "halted at band 1, band 2 not considered")
+	require.Empty(t, *out)
+
 	// llm-d static: one threshold for every band, the gate s >= threshold.
 	src.v = 0.8
 	d, out = newLLMD(t, LLMDStatic(0.8), 2, src)
@@ -151,8 +158,8 @@ func TestLLMDSweepAndAbandon(t *testing.T) {
 	gone := map[int]bool{}
 	var drops []string
 	var out []int
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Capacity: []int{8, 8}, Source: &setSat{2},
-		Dispatch: func(_, it int) { out = append(out, it) }, TTL: 10 * time.Second, Now: func() time.Time { return now },
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: []BandConfig{{Capacity: 8}, {Capacity: 8, MaxWait: 10 * time.Second}},
+		Source: &setSat{2}, Dispatch: func(_, it int) { out = append(out, it) }, Now: func() time.Time { return now },
 		Abandoned: func(it int) bool { return gone[it] },
 		OnDrop: func(b, it int, r error) {
 			drops = append(drops, map[error]string{ErrExpired: "expired", ErrCancelled: "cancelled"}[r])
@@ -183,24 +190,26 @@ func TestLLMDSweepAndAbandon(t *testing.T) {
 
 func TestLLMDConfigErrors(t *testing.T) {
 	ok := func(int, int) {}
+	one := []BandConfig{{Capacity: 1}}
 	for field, cfg := range map[string]LLMDDispatcherConfig[int]{
-		"Capacity":    {Source: &setSat{}, Dispatch: ok},
-		"Capacity[1]": {Capacity: []int{1, 0}, Source: &setSat{}, Dispatch: ok},
-		"Policy":      {Capacity: []int{1}, Policy: LLMDStatic(0), Source: &setSat{}, Dispatch: ok},
-		"Source":      {Capacity: []int{1}, Dispatch: ok},
-		"Dispatch":    {Capacity: []int{1}, Source: &setSat{}},
-		"TTL":         {Capacity: []int{1}, Source: &setSat{}, Dispatch: ok, TTL: -1},
+		"Bands":             {Source: &setSat{}, Dispatch: ok},
+		"Bands[1].Capacity": {Bands: []BandConfig{{Capacity: 1}, {}}, Source: &setSat{}, Dispatch: ok},
+		"Bands[0].MaxWait":  {Bands: []BandConfig{{Capacity: 1, MaxWait: -1}}, Source: &setSat{}, Dispatch: ok},
+		"Policy":            {Bands: one, Policy: LLMDStatic(0), Source: &setSat{}, Dispatch: ok},
+		"Source":            {Bands: one, Dispatch: ok},
+		"Dispatch":          {Bands: one, Source: &setSat{}},
 	} {
 		_, err := NewLLMDDispatcher(cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, field)
 		require.True(t, strings.Contains(err.Error(), field), "%q names %s", err, field)
 	}
 	for _, th := range []float64{math.NaN(), -1, 1.5} {
-		_, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Capacity: []int{1}, Policy: LLMDStatic(th), Source: &setSat{}, Dispatch: ok})
+		_, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: one, Policy: LLMDStatic(th), Source: &setSat{}, Dispatch: ok})
 		require.ErrorIs(t, err, ErrInvalidConfig)
 	}
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Capacity: []int{1}, Source: &setSat{}, Dispatch: ok})
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: one, Source: &setSat{}, Dispatch: ok})
 	require.NoError(t, err)
+	require.Equal(t, []BandConfig{{Name: "band0", Capacity: 1}}, d.BandConfigs())
 	require.ErrorIs(t, d.Enqueue(1, 0), ErrUnknownBand)
 	require.NoError(t, d.Enqueue(0, 0))
 	require.ErrorIs(t, d.Enqueue(0, 0), ErrQueueFull)
@@ -209,7 +218,7 @@ func TestLLMDConfigErrors(t *testing.T) {
 
 func TestLLMDRun(t *testing.T) {
 	got := make(chan int, 4)
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Capacity: []int{4, 4}, Policy: LLMDSoftReflective(), Source: &setSat{0.1},
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: []BandConfig{{Capacity: 4}, {Capacity: 4}}, Policy: LLMDSoftReflective(), Source: &setSat{0.1},
 		Dispatch: func(_, it int) { got <- it }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -223,6 +232,21 @@ func TestLLMDRun(t *testing.T) {
 	require.True(t, errors.Is(<-done, context.Canceled))
 }
 
+// tableLLMD is a test policy whose ceilings cycle through a table, whatever the
+// saturation: not monotone, so it exposes the head-of-line halt.
+type tableLLMD [][]float64
+
+func (p tableLLMD) ComputeLimit(_ float64, c []float64) {
+	copy(c, p[0])
+	if len(p) > 1 {
+		first := append([]float64(nil), p[0]...)
+		copy(p, p[1:])
+		p[len(p)-1] = first
+	}
+}
+func (p tableLLMD) Idle(float64, int, int64)   {}
+func (p tableLLMD) TopCeiling(float64) float64 { return p[0][0] }
+
 // llmdModel is the discipline restated as plainly as possible, to check the dispatcher
 // and the policies against.
 type llmdModel struct {
@@ -230,6 +254,8 @@ type llmdModel struct {
 	soft    bool
 	thr     float64
 	counter int64
+	table   [][]float64 // a non-monotone test policy, if set
+	cycles  int
 }
 
 func (m *llmdModel) cycle(s float64) (sent, bool) {
@@ -238,6 +264,10 @@ func (m *llmdModel) cycle(s float64) (sent, bool) {
 	for i := range ceil {
 		ceil[i] = m.thr
 	}
+	if m.table != nil {
+		copy(ceil, m.table[m.cycles%len(m.table)])
+	}
+	m.cycles++
 	if m.soft {
 		inDuty := false
 		for i := 1; i < n; i++ {
@@ -280,20 +310,33 @@ func (m *llmdModel) cycle(s float64) (sent, bool) {
 func TestLLMDAgainstModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 4).Draw(t, "bands")
-		soft := rapid.Bool().Draw(t, "soft")
+		kind := rapid.IntRange(0, 2).Draw(t, "policy") // static, soft-reflective, a table
 		thr := rapid.SampledFrom([]float64{1, 0.8, 0.5}).Draw(t, "threshold")
-		m := &llmdModel{bands: make([][]int, n), soft: soft, thr: thr}
+		m := &llmdModel{bands: make([][]int, n), soft: kind == 1, thr: thr}
 		var p LLMDUsageLimitPolicy = LLMDStatic(thr)
-		if soft {
+		switch kind {
+		case 1:
 			p = LLMDSoftReflective()
+		case 2:
+			rows := rapid.IntRange(1, 3).Draw(t, "rows")
+			var tab tableLLMD
+			for range rows {
+				row := make([]float64, n)
+				for i := range row {
+					row[i] = rapid.SampledFrom([]float64{0, 0.5, 1, 2}).Draw(t, "ceiling")
+				}
+				tab = append(tab, row)
+				m.table = append(m.table, append([]float64(nil), row...))
+			}
+			p = tab
 		}
 		src := &setSat{}
 		var out []sent
-		caps := make([]int, n)
-		for i := range caps {
-			caps[i] = 1000
+		bs := make([]BandConfig, n)
+		for i := range bs {
+			bs[i].Capacity = 1000
 		}
-		d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Capacity: caps, Policy: p, Source: src,
+		d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
 			Dispatch: func(b, it int) { out = append(out, sent{b, it}) }})
 		if err != nil {
 			t.Fatal(err)
@@ -314,7 +357,7 @@ func TestLLMDAgainstModel(t *testing.T) {
 			case 2:
 				// Skip stands for cycles only when nothing can be dispatched.
 				k := rapid.Int64Range(1, 50).Draw(t, "skip")
-				if d.Empty() || d.Halted() {
+				if kind != 2 && (d.Empty() || d.Halted()) {
 					d.Skip(k)
 					for range k {
 						if _, ok := m.cycle(src.v); ok {

@@ -284,14 +284,14 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 			gw.llmdSoft = flowcontrol.LLMDSoftReflective()
 			p = gw.llmdSoft
 		}
+		band := flowcontrol.BandConfig{Capacity: cfg.Capacity, MaxWait: cfg.LLMDTTL}
 		l, err := flowcontrol.NewLLMDDispatcher(flowcontrol.LLMDDispatcherConfig[int32]{
-			Capacity:  []int{cfg.Capacity, cfg.Capacity},
+			Bands:     []flowcontrol.BandConfig{band, band},
 			Policy:    p,
 			Source:    source{s, gw},
 			Dispatch:  func(band int, id int32) { s.dispatch(gi, band, id) },
 			OnDrop:    onDrop,
 			Abandoned: abandoned,
-			TTL:       cfg.LLMDTTL,
 			Now:       s.nowTime,
 		})
 		gw.l = l
