@@ -37,7 +37,7 @@ func writeSVG(w io.Writer, o options, rs []cluster.Result) error {
 	const (
 		width = 1000.0
 		rowH  = 170.0
-		top   = 70.0
+		top   = 85.0
 		left  = 80.0
 		right = 20.0
 		plotH = 120.0
@@ -56,10 +56,11 @@ func writeSVG(w io.Writer, o options, rs []cluster.Result) error {
 	f := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	f(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	f(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	f(`<text x="%.0f" y="22" font-size="16" font-weight="bold">SIMULATION (examples/sim, not hardware): TTFT p99 per policy, median of %d seed(s), whisker min–max; log scale, lower is better</text>`+"\n", left, o.seeds)
+	f(`<text x="%.0f" y="22" font-size="16" font-weight="bold">SIMULATION (examples/sim), not hardware measurements</text>`+"\n", left)
+	f(`<text x="%.0f" y="40">TTFT p99 per policy: median of %d seed(s), whisker min–max; log scale; lower is better</text>`+"\n", left, o.seeds)
 	for i, p := range pols {
 		x := left + float64(i)*150
-		f(`<rect x="%.0f" y="36" width="12" height="12" fill="%s"/><text x="%.0f" y="47">%s</text>`+"\n", x, policyColors[p], x+16, p)
+		f(`<rect x="%.0f" y="50" width="12" height="12" fill="%s"/><text x="%.0f" y="61">%s</text>`+"\n", x, policyColors[p], x+16, p)
 	}
 	y := func(ms float64, y0 float64) float64 {
 		v := math.Log10(math.Max(ms, 1))
