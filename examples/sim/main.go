@@ -1,6 +1,9 @@
-// Command sim runs the deterministic vLLM-pool simulator with the real flowcontrol
-// dispatcher in the loop and compares the static baseline with the soft-reflective
-// ceiling on the published workloads. See the README's Simulator section.
+// Command sim runs the deterministic vLLM-pool simulator with the library's dispatchers
+// in the loop and compares, at every published workload and QPS point over several
+// seeds, no flow control, llm-d parity (flowcontrol.LLMDDispatcher with llm-d's static
+// and soft-reflective policies), flowgate's static and soft-reflective policies and the
+// critical-only floor. -format json writes JSON Lines (one object per workload, qps,
+// policy, seed); -fit prints the calibration fit. See the README's Simulator section.
 package main
 
 import (
