@@ -82,6 +82,7 @@ func (t *ticket) done(gen uint64) {
 		if c.hook != nil {
 			c.hook.Dec()
 		}
+		c.d.Complete()
 		c.pool.Put(t)
 	}
 }
@@ -208,6 +209,22 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
 		c.refusedIdle[band].Add(1)
 		return noop, ErrNotRunning
+	}
+	if c.d.direct(band) {
+		// Open band, nothing ahead, Run ticking: released at once,
+		// with no hand-off to the dispatcher's goroutine.
+		c.inflight.Add(1)
+		if c.hook != nil {
+			c.hook.Inc()
+		}
+		if c.onOutcome != nil {
+			c.onOutcome(band, nil, 0)
+		}
+		t := c.pool.Get().(*ticket)
+		t.uses++
+		gen := t.uses
+		t.gen.Store(gen)
+		return func() { t.done(gen) }, nil
 	}
 	t := c.pool.Get().(*ticket)
 	t.state.Store(stateWaiting)

@@ -172,7 +172,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 	poller, err := saturation.NewPoller(saturation.PollerConfig{
 		Endpoints: endpoints,
 		Interval:  sc.ScrapeInterval,
-		Timeout:   min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout),
+		Timeout:   max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
 		Scorer: saturation.Scorer{
 			QueueDepthThreshold: sc.QueueDepthThreshold,
 			KVUtilThreshold:     sc.KVCacheUtilThreshold,
