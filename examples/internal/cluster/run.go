@@ -93,6 +93,12 @@ type gateway struct {
 	tickPending bool
 
 	direct int // requests dispatched on arrival (None, Floor)
+	// readVer counts changes of readings; satCache holds the saturation computed at
+	// satVer, valid until the virtual time satUntil (see source.Saturation).
+	readVer, satVer uint64
+	satCache        float64
+	satUntil        int64
+	satOK           bool
 	// clients[clientHead:] are this gateway's requests whose client timeout has not
 	// fired yet, in arrival (= deadline) order; one evTimeout is armed for the head.
 	clients    []int32
@@ -142,7 +148,28 @@ type source struct {
 	g *gateway
 }
 
-func (src source) Saturation() float64 { return src.s.scorer.Pool(src.g.readings, src.s.nowTime()) }
+// The value is cached: it is a pure function of the readings and of which of them are
+// stale (now − At > Staleness), so it is recomputed only after the readings change
+// (readVer) or once the virtual clock passes the first reading's staleness deadline.
+func (src source) Saturation() float64 {
+	g, s := src.g, src.s
+	if g.satOK && g.satVer == g.readVer && s.now <= g.satUntil {
+		return g.satCache
+	}
+	v := s.scorer.Pool(g.readings, s.nowTime())
+	g.satCache, g.satVer, g.satOK = v, g.readVer, true
+	stale := s.scorer.Staleness
+	if stale < saturation.MinStaleness || stale > saturation.MaxStaleness {
+		stale = saturation.DefaultStaleness
+	}
+	g.satUntil = math.MaxInt64
+	for i := range g.readings {
+		if rd := &g.readings[i]; rd.OK && !rd.At.IsZero() {
+			g.satUntil = min(g.satUntil, int64(rd.At.Sub(s.base))+int64(stale))
+		}
+	}
+	return v
+}
 
 // Run runs one experiment and returns its result.
 func Run(cfg Config) (Result, error) {
@@ -548,6 +575,7 @@ func (s *sim) timeout(id int32) {
 		s.replicas[r].Abort(q.vr)
 		g.inflight[r]--
 		g.readings[r].InFlight = g.inflight[r]
+		g.readVer++
 		s.kick(int(r))
 	}
 	s.schedule(g, q.gw)
@@ -591,6 +619,7 @@ func (s *sim) scrape(g *gateway, gi int32) {
 		g.readings[r] = saturation.Reading{Waiting: float64(m.Waiting), Running: float64(m.Running),
 			KVUsage: m.KVCacheUsage, InFlight: g.inflight[r], At: at, OK: true}
 	}
+	g.readVer++
 	s.push(s.now+int64(s.cfg.Scrape), evScrape, gi)
 	s.schedule(g, gi)
 }
@@ -624,6 +653,7 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 	}
 	g.inflight[r]++
 	g.readings[r].InFlight = g.inflight[r]
+	g.readVer++
 	s.kick(r)
 }
 
@@ -670,6 +700,7 @@ func (s *sim) stepEnd(r int) {
 			s.catchUp(g)
 			g.inflight[r]--
 			g.readings[r].InFlight = g.inflight[r]
+			g.readVer++
 			s.schedule(g, q.gw)
 		}
 	}
