@@ -464,7 +464,10 @@ func TestPollerRun(t *testing.T) {
 func TestPollerConcurrentUse(t *testing.T) {
 	a, _ := vllmPod(t, 0, 0, 0)
 	b, _ := vllmPod(t, 5, 0, 0)
-	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond})
+	// Generous timeouts: this test is about concurrent use, and a 100 ms
+	// scrape timeout fails it on a loaded CI machine.
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond,
+		Timeout: 10 * time.Second, Scorer: Scorer{Staleness: time.Minute}})
 	require.NoError(t, p.Start())
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
