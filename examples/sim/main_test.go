@@ -104,3 +104,18 @@ func TestSameSeedSameBytesGateways4(t *testing.T) {
 	require.Equal(t, a, b)
 	require.Equal(t, 2*5, strings.Count(a, "\n"), "floor + 4 policies, 2 seeds")
 }
+
+// TestFitRuns: -fit prints one row per published figure, each with the hardware value,
+// the model's and a residual, and the loss.
+func TestFitRuns(t *testing.T) {
+	out := runArgs(t, "-fit", "-duration", "5s", "-seeds", "1", "-quiet")
+	rows := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "| codegen@") || strings.HasPrefix(l, "| chat@") || strings.HasPrefix(l, "| reasoning@") {
+			rows++
+			require.Regexp(t, `(×[0-9.]+ \(log10 [+-][0-9.]+\)|[+-][0-9.]+ pp) \|$`, l)
+		}
+	}
+	require.Equal(t, len(publishedPoints), rows, out)
+	require.Regexp(t, `\nloss [0-9.]+\n`, out)
+}
