@@ -179,12 +179,6 @@ func NewProxy(opts Options) (*Proxy, error) {
 			Staleness:           sc.MetricsStalenessThreshold,
 			InFlightCredit:      sc.InFlightCredit,
 		},
-		InFlight: func(endpoint string) int64 {
-			if b := p.byMetric[endpoint]; b != nil {
-				return b.inflight.Load()
-			}
-			return 0
-		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: saturation: %w", err)
@@ -432,6 +426,11 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 	}
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
+	// The poller's live in-flight credit: the new request counts toward
+	// its backend's saturation at once (atomics only), not at the next
+	// scrape.
+	p.poller.Dispatched(b.metrics)
+	defer p.poller.Finished(b.metrics)
 	defer func() {
 		// A stream the backend cut (not the client) aborts the handler
 		// from inside ServeHTTP: a failure of the backend too.
@@ -442,11 +441,6 @@ func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, b
 			panic(v)
 		}
 	}()
-	if p.cfg.Saturation.InFlightCredit {
-		// Credit the new request to its backend now, not at the next
-		// scrape: a burst of dispatches shows in the saturation at once.
-		p.poller.Rescore()
-	}
 
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
