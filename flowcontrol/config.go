@@ -83,10 +83,19 @@ type Pacing struct {
 	// even when no reading or completion comes, so a gated band is never
 	// starved. 0 means none.
 	Floor time.Duration
+	// Recheck re-reads the saturation after each release from an open
+	// band and stops the release as soon as the band's gate is no longer
+	// open. With a source that counts dispatches at once (in-flight
+	// credit), a backlog that built up while the band was gated cannot
+	// flood the pool the moment it reopens. It costs one Saturation and
+	// one Gate call per item released from a backlog.
+	Recheck bool
 }
 
 // enabled reports whether p replaces ticks with events.
 func (p Pacing) enabled() bool { return p.Readings || p.Completions || p.Floor > 0 }
+
+// Recheck does not change what an opportunity is: enabled ignores it.
 
 // ReadingSource is a SaturationSource that counts its readings: ReadingSeq
 // returns a number that grows by one with each new reading (a scrape result

@@ -572,6 +572,19 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		// Count before Dispatch wakes the owner (see drop).
 		bump(&b.dispatched)
 		d.dispatch(i, e.item)
+		if b.gate == 1 && d.pacing.Recheck && b.budget > 0 {
+			// An open band drains its backlog only while it stays
+			// open: a source that counts dispatches at once (the
+			// in-flight credit) closes it before the backlog floods
+			// the pool between two scrapes.
+			g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
+			g.Every = min(max(g.Every, 0), MaxEvery)
+			if g.Every != 1 {
+				b.gate, b.budget = g.Every, 0
+				b.every.Store(int64(g.Every))
+				b.ceiling.Store(floatBits(g.Ceiling))
+			}
+		}
 	}
 }
 

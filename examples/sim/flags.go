@@ -34,6 +34,8 @@ type options struct {
 	tick        time.Duration
 	burst       int
 	pacing      flowcontrol.Pacing
+	shared      time.Duration
+	sharedExact bool
 	credit      bool
 	scrape      time.Duration
 	replicas    int
@@ -73,7 +75,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.plot, "plot", "", "write an SVG chart of the changes (soft-reflective vs static) to this file")
 	fs.DurationVar(&o.tick, "tick", 0, "dispatcher tick (0 = flowcontrol.DefaultTick)")
 	fs.IntVar(&o.burst, "burst", 0, "items a gated band releases per opportunity (0 = flowcontrol.DefaultBurst); open bands release everything")
-	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION")
+	shared := fs.String("shared-inflight", "off", "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms")
+	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION, recheck")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
 	fs.IntVar(&o.replicas, "replicas", 2, "vLLM replicas in the pool")
@@ -134,6 +137,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	o.pacing = p
+	switch *shared {
+	case "off", "0", "":
+	case "request":
+		o.sharedExact = true
+	default:
+		d, err := time.ParseDuration(*shared)
+		if err != nil || d <= 0 {
+			return o, fmt.Errorf("-shared-inflight: %q must be off, request or a positive duration", *shared)
+		}
+		o.shared = d
+	}
 	if o.format != "table" && o.format != "json" {
 		return o, fmt.Errorf("-format: %q must be table or json", o.format)
 	}
@@ -182,6 +196,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
+		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact,
 		Credit: o.credit, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}
@@ -194,12 +209,15 @@ func parsePacing(v string) (flowcontrol.Pacing, error) {
 	if v == "" || v == "ticks" {
 		return p, nil
 	}
+	v = strings.TrimPrefix(v, "ticks+")
 	for _, term := range strings.Split(v, "+") {
 		switch {
 		case term == "readings":
 			p.Readings = true
 		case term == "completions":
 			p.Completions = true
+		case term == "recheck":
+			p.Recheck = true
 		case strings.HasPrefix(term, "floor="):
 			d, err := time.ParseDuration(strings.TrimPrefix(term, "floor="))
 			if err != nil || d <= 0 {
@@ -207,7 +225,7 @@ func parsePacing(v string) (flowcontrol.Pacing, error) {
 			}
 			p.Floor = d
 		default:
-			return p, fmt.Errorf("-pacing: %q must be ticks, or '+'-joined readings, completions, floor=DURATION", term)
+			return p, fmt.Errorf("-pacing: %q must be ticks, or '+'-joined readings, completions, floor=DURATION, recheck", term)
 		}
 	}
 	return p, nil

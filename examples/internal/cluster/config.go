@@ -64,12 +64,20 @@ type Config struct {
 	// Pacing is what a gated band's duty cycle counts (zero = ticks); see
 	// flowcontrol.Pacing. Readings are this gateway's scrapes, completions its
 	// requests finishing.
-	Pacing   flowcontrol.Pacing
-	Credit   bool          // count dispatched-but-invisible requests as waiting
-	Scrape   time.Duration // metrics scrape interval (0 = 50 ms)
-	CV       float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica  vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	Pacing flowcontrol.Pacing
+	// SharedInFlight models gateway replicas sharing their in-flight view
+	// (saturation/redisshare): every SharedInFlight each gateway refreshes its copy of
+	// the other gateways' in-flight counts per replica, which routing and the in-flight
+	// credit then add to its own. 0 = no sharing. SharedInFlightExact shares them at
+	// the end of every instant in which one changed instead (the limit of a period of
+	// 0: "per request").
+	SharedInFlight      time.Duration
+	SharedInFlightExact bool
+	Credit              bool          // count dispatched-but-invisible requests as waiting
+	Scrape              time.Duration // metrics scrape interval (0 = 50 ms)
+	CV                  float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity            int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica             vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
 	CatchUp int
@@ -133,6 +141,8 @@ func (c Config) validate() error {
 	switch {
 	case !(c.QPS > 0):
 		return fmt.Errorf("%w: QPS %v must be > 0", ErrInvalidConfig, c.QPS)
+	case c.SharedInFlight < 0:
+		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
 	case !knownPolicy(c.Policy):
 		return fmt.Errorf("%w: Policy %q must be one of %q", ErrInvalidConfig, c.Policy, Policies())
 	case c.Duration <= 0:

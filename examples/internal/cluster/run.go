@@ -29,6 +29,7 @@ const (
 	evArrival               // idx = gateway
 	evTick                  // idx = gateway
 	evKick                  // idx = replica: start a step if idle, after the instant's releases
+	evSync                  // idx = gateway: the shared in-flight view is refreshed (SharedInFlight)
 )
 
 // event is one scheduled happening of the run.
@@ -86,8 +87,11 @@ type gateway struct {
 	next     workload.Arrival
 	hasNext  bool
 	queued   [bands]int
-	inflight []int64
-	readings []saturation.Reading
+	inflight []int64 // this gateway's own requests in flight, per replica
+	others   []int64 // the other gateways' in flight per replica, as last synced (SharedInFlight)
+	// syncPending: an evSync is pushed for this instant (SharedInFlightExact)
+	syncPending bool
+	readings    []saturation.Reading
 
 	lastTick    int64 // index of the last tick Step ran (tick k is at k·Tick); -1 none
 	tickPending bool
@@ -131,6 +135,7 @@ type sim struct {
 	arrivals int // arrival streams still open
 	steps    uint64
 	preempts uint64
+	total    []int64 // in flight per replica over every gateway
 	err      error
 }
 
@@ -213,13 +218,14 @@ func run(cfg Config) (*sim, error) {
 	}
 	s.cfg.Replica = cfg.Replica
 	s.busy = make([]bool, cfg.Replicas)
+	s.total = make([]int64, cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
 	for g := range cfg.Gateways {
 		gen, err := workload.NewGenerator(cfg.Workload, cfg.QPS/float64(cfg.Gateways), cfg.CV, cfg.Seed, uint64(g))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas),
+		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas), others: make([]int64, cfg.Replicas),
 			readings: make([]saturation.Reading, cfg.Replicas), lastTick: -1}
 		gi := int32(g)
 		if err := s.newGatewayQueue(gw, gi); err != nil {
@@ -234,6 +240,10 @@ func run(cfg Config) (*sim, error) {
 		}
 		// Gateways scrape out of phase, as independent proxies would.
 		s.push(int64(cfg.Scrape)*int64(g)/int64(cfg.Gateways), evScrape, gi)
+		if cfg.SharedInFlight > 0 && !cfg.SharedInFlightExact {
+			// Replicas sync out of phase too.
+			s.push(int64(cfg.SharedInFlight)*int64(g)/int64(cfg.Gateways), evSync, gi)
+		}
 		if gw.l != nil {
 			s.push(int64(flowcontrol.LLMDCleanupInterval), evSweep, gi)
 		}
@@ -275,6 +285,8 @@ func (s *sim) loop() {
 			s.timeouts(s.gws[e.idx], e.idx)
 		case evSweep:
 			s.sweep(s.gws[e.idx], e.idx)
+		case evSync:
+			s.sync(s.gws[e.idx], e.idx)
 		}
 		if s.err != nil {
 			return
@@ -404,8 +416,10 @@ func (s *sim) ticksBefore() int64 { return (s.now + s.tick - 1) / s.tick }
 // saturate in effect once they exceed any Every the policy returns below the cap. For
 // llm-d parity LLMDDispatcher.Skip replays them exactly (the shared duty-cycle counter
 // advances by their number).
-func (s *sim) catchUp(g *gateway) {
-	last := s.ticksBefore() - 1 // the last tick strictly before now
+func (s *sim) catchUp(g *gateway) { s.catchUpTo(g, s.ticksBefore()-1) } // the last tick strictly before now
+
+// catchUpTo is catchUp through tick last.
+func (s *sim) catchUpTo(g *gateway, last int64) {
 	s.account(g, last+1)
 	if g.tickPending || last <= g.lastTick {
 		return
@@ -586,9 +600,7 @@ func (s *sim) timeout(id int32) {
 	} else {
 		r := q.replica
 		s.replicas[r].Abort(q.vr)
-		g.inflight[r]--
-		g.readings[r].InFlight = g.inflight[r]
-		g.readVer++
+		s.moveInflight(q.gw, int(r), -1)
 		s.kick(int(r))
 	}
 	s.schedule(g, q.gw)
@@ -630,7 +642,7 @@ func (s *sim) scrape(g *gateway, gi int32) {
 	for r, rep := range s.replicas {
 		m := rep.Metrics()
 		g.readings[r] = saturation.Reading{Waiting: float64(m.Waiting), Running: float64(m.Running),
-			KVUsage: m.KVCacheUsage, InFlight: g.inflight[r], At: at, OK: true}
+			KVUsage: m.KVCacheUsage, InFlight: s.seen(g, r), At: at, OK: true}
 	}
 	g.readVer++
 	g.scrapes++
@@ -639,13 +651,14 @@ func (s *sim) scrape(g *gateway, gi int32) {
 }
 
 // route picks the least loaded replica as this gateway sees it: the larger of the
-// scraped waiting+running and its own in-flight count there (requests it sent that the
-// metrics may not show yet); ties go to fewer own in-flight requests, then lower index.
+// scraped waiting+running and the in-flight count it sees there (its own requests that
+// the metrics may not show yet, plus the other gateways' with a shared view); ties go to
+// fewer own in-flight requests, then lower index.
 func (s *sim) route(g *gateway) int {
 	best, bestLoad, bestOwn := 0, math.Inf(1), int64(math.MaxInt64)
 	for r := range s.replicas {
 		rd := g.readings[r]
-		load := max(rd.Waiting+rd.Running, float64(g.inflight[r]))
+		load := max(rd.Waiting+rd.Running, float64(s.seen(g, r)))
 		if load < bestLoad || (load == bestLoad && g.inflight[r] < bestOwn) {
 			best, bestLoad, bestOwn = r, load, g.inflight[r]
 		}
@@ -665,10 +678,58 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 		s.err = fmt.Errorf("cluster: request %d: %w", id, err)
 		return
 	}
-	g.inflight[r]++
-	g.readings[r].InFlight = g.inflight[r]
-	g.readVer++
+	s.moveInflight(gi, r, 1)
 	s.kick(r)
+}
+
+// seen is the in-flight count on replica r that gateway g sees: its own, plus, with a
+// shared view, the other gateways' (exact, or as of the last sync).
+func (s *sim) seen(g *gateway, r int) int64 {
+	if s.cfg.SharedInFlightExact || s.cfg.SharedInFlight > 0 {
+		return g.inflight[r] + g.others[r]
+	}
+	return g.inflight[r]
+}
+
+// moveInflight changes gateway gi's in-flight count on replica r by delta and every
+// view of it: the gateway's own reading and, with an exact shared view, every other
+// gateway's (each brought up to date first, as for any change of its inputs).
+func (s *sim) moveInflight(gi int32, r int, delta int64) {
+	g := s.gws[gi]
+	g.inflight[r] += delta
+	s.total[r] += delta
+	g.readings[r].InFlight = s.seen(g, r)
+	g.readVer++
+	if !s.cfg.SharedInFlightExact {
+		return
+	}
+	// The others see it at the end of this instant (an evSync after every tick of
+	// the instant), so that a gateway's tick at this instant reads the same view
+	// whether it ran or was skipped.
+	for oi, o := range s.gws {
+		if int32(oi) != gi && !o.syncPending {
+			o.syncPending = true
+			s.push(s.now, evSync, int32(oi))
+		}
+	}
+}
+
+// sync refreshes gateway gi's copy of the other gateways' in-flight counts, as a
+// replica of the shared view (saturation/redisshare) does every period.
+func (s *sim) sync(g *gateway, gi int32) {
+	// evSync comes after every tick of its instant: a tick at this very instant
+	// has run (or, skipped, is replayed now) with the old view.
+	s.catchUpTo(g, s.now/s.tick)
+	for r := range s.replicas {
+		g.others[r] = s.total[r] - g.inflight[r]
+		g.readings[r].InFlight = s.seen(g, r)
+	}
+	g.readVer++
+	g.syncPending = false
+	if !s.cfg.SharedInFlightExact && (s.pending > 0 || s.arrivals > 0) {
+		s.push(s.now+int64(s.cfg.SharedInFlight), evSync, gi)
+	}
+	s.schedule(g, gi)
 }
 
 // kick starts replica r's next step after this instant's releases (so requests released
@@ -712,9 +773,7 @@ func (s *sim) stepEnd(r int) {
 			s.pending--
 			g := s.gws[q.gw]
 			s.catchUp(g)
-			g.inflight[r]--
-			g.readings[r].InFlight = g.inflight[r]
-			g.readVer++
+			s.moveInflight(q.gw, r, -1)
 			if g.d != nil && s.cfg.Pacing.Completions {
 				// A completion is an opportunity: Run would wake
 				// and poll at once.

@@ -195,6 +195,16 @@ func TestTickSkippingIsExact(t *testing.T) {
 			c.ClientTimeout = 10 * time.Second
 			cs = append(cs, c)
 		}
+		if gws > 1 {
+			// A shared in-flight view: exact, or synced every 5 ms.
+			for _, exact := range []bool{true, false} {
+				c := short(workload.Codegen, 16, SoftReflective)
+				c.Gateways = gws
+				c.ClientTimeout = 10 * time.Second
+				c.SharedInFlightExact, c.SharedInFlight = exact, 5*time.Millisecond
+				cs = append(cs, c)
+			}
+		}
 		// Paced gated bands: skipped ticks may hold floor
 		// opportunities, completions and readings come as events.
 		for _, p := range []flowcontrol.Pacing{
@@ -218,9 +228,9 @@ func TestTickSkippingIsExact(t *testing.T) {
 		every, err := Run(c)
 		require.NoError(t, err)
 		// The mean saturation is summed in a different order (n·s at once vs s n times).
-		require.InDelta(t, every.MeanSaturation, skip.MeanSaturation, 1e-9, "%s@%g %s, %d gateways, pacing %+v", c.Workload.Name, c.QPS, c.Policy, c.Gateways, c.Pacing)
+		require.InDelta(t, every.MeanSaturation, skip.MeanSaturation, 1e-9, "%s@%g %s, %d gateways, pacing %+v, shared %v/%v", c.Workload.Name, c.QPS, c.Policy, c.Gateways, c.Pacing, c.SharedInFlight, c.SharedInFlightExact)
 		every.MeanSaturation = skip.MeanSaturation
-		require.Equal(t, every, skip, "%s@%g %s, %d gateways, pacing %+v", c.Workload.Name, c.QPS, c.Policy, c.Gateways, c.Pacing)
+		require.Equal(t, every, skip, "%s@%g %s, %d gateways, pacing %+v, shared %v/%v", c.Workload.Name, c.QPS, c.Policy, c.Gateways, c.Pacing, c.SharedInFlight, c.SharedInFlightExact)
 	}
 }
 
