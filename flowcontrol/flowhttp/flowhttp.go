@@ -393,7 +393,6 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 type refusal struct {
 	status  int
 	reason  string
-	typ     string
 	retry   bool // Retry-After: 1; else x-should-retry: false
 	closeIt bool // Connection: close
 }
@@ -401,25 +400,40 @@ type refusal struct {
 func refusalFor(err error) (refusal, bool) {
 	switch {
 	case errors.Is(err, flowcontrol.ErrQueueFull):
-		return refusal{http.StatusTooManyRequests, ReasonQueueFull, "rate_limit_error", true, false}, true
+		return refusal{http.StatusTooManyRequests, ReasonQueueFull, true, false}, true
 	case errors.Is(err, ErrBytesFull):
-		return refusal{http.StatusTooManyRequests, ReasonBytesFull, "rate_limit_error", true, false}, true
+		return refusal{http.StatusTooManyRequests, ReasonBytesFull, true, false}, true
 	case errors.Is(err, flowcontrol.ErrExpired):
-		return refusal{http.StatusServiceUnavailable, ReasonExpired, "service_unavailable_error", false, false}, true
+		return refusal{http.StatusServiceUnavailable, ReasonExpired, false, false}, true
 	case errors.Is(err, flowcontrol.ErrClosed):
-		return refusal{http.StatusServiceUnavailable, ReasonShuttingDown, "service_unavailable_error", true, false}, true
+		return refusal{http.StatusServiceUnavailable, ReasonShuttingDown, true, false}, true
 	case errors.Is(err, ErrBodyTooLarge):
 		// Not closed here: over MaxBodyBytes, net/http closes the
 		// connection itself; over the band's budget the body was read.
-		return refusal{http.StatusRequestEntityTooLarge, ReasonTooLarge, "invalid_request_error", false, false}, true
+		return refusal{http.StatusRequestEntityTooLarge, ReasonTooLarge, false, false}, true
 	case errors.Is(err, ErrBodyTimeout):
-		return refusal{http.StatusRequestTimeout, ReasonBodyTimeout, "timeout_error", false, true}, true
+		return refusal{http.StatusRequestTimeout, ReasonBodyTimeout, false, true}, true
 	case errors.Is(err, ErrBadBody):
-		return refusal{http.StatusBadRequest, ReasonBadBody, "invalid_request_error", false, true}, true
+		return refusal{http.StatusBadRequest, ReasonBadBody, false, true}, true
 	case errors.Is(err, flowcontrol.ErrCancelled):
 		return refusal{}, false
 	}
-	return refusal{http.StatusInternalServerError, ReasonInternal, "internal_error", false, false}, true
+	return refusal{http.StatusInternalServerError, ReasonInternal, false, false}, true
+}
+
+// errorType is the OpenAI error type of a status.
+func errorType(status int) string {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status == http.StatusRequestTimeout:
+		return "timeout_error"
+	case status == http.StatusServiceUnavailable:
+		return "service_unavailable_error"
+	case status >= 500:
+		return "server_error"
+	}
+	return "invalid_request_error"
 }
 
 // refuse answers err on flowhttp's own behalf and fills res.
@@ -431,28 +445,38 @@ func (h *handler) refuse(w http.ResponseWriter, res *Result, err error) {
 		return
 	}
 	res.Status, res.Reason = f.status, f.reason
+	w.Header()[bandKey] = []string{h.bands[res.Band].name}
+	if f.closeIt {
+		w.Header().Set("Connection", "close")
+	}
+	msg := fmt.Sprintf("%s: band %q, waited %v: %v", f.reason, h.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
+	WriteError(w, f.status, f.reason, msg, f.retry)
+}
+
+// WriteError answers in flowhttp's format on the gateway's own behalf, for
+// the refusals a gateway adds (no backend, backend failed): the
+// OpenAI-shaped JSON error {"error":{"message","type","code"}} with code
+// reason and message prefixed "flowgate: ", DroppedReasonHeader set to
+// reason, and Retry-After: 1 if retry, else x-should-retry: false.
+func WriteError(w http.ResponseWriter, status int, reason, message string, retry bool) {
 	hd := w.Header()
 	hd.Set("Content-Type", "application/json")
-	hd[bandKey] = []string{h.bands[res.Band].name}
-	hd[droppedKey] = []string{f.reason}
-	if f.retry {
+	hd[droppedKey] = []string{reason}
+	if retry {
 		hd.Set("Retry-After", "1")
 	} else {
 		hd.Set(ShouldRetryHeader, "false")
 	}
-	if f.closeIt {
-		hd.Set("Connection", "close")
-	}
-	w.WriteHeader(f.status)
-	msg := fmt.Sprintf("flowgate: %s: band %q, waited %v: %v", f.reason, h.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
+	w.WriteHeader(status)
 	var b bytes.Buffer
 	b.WriteString(`{"error":{"message":`)
-	m, _ := json.Marshal(msg) // a string always marshals
+	m, _ := json.Marshal("flowgate: " + message) // a string always marshals
 	b.Write(m)
 	b.WriteString(`,"type":"`)
-	b.WriteString(f.typ)
-	b.WriteString(`","param":null,"code":"`)
-	b.WriteString(f.reason)
-	b.WriteString("\"}}\n")
+	b.WriteString(errorType(status))
+	b.WriteString(`","param":null,"code":`)
+	c, _ := json.Marshal(reason)
+	b.Write(c)
+	b.WriteString("}}\n")
 	_, _ = w.Write(b.Bytes())
 }

@@ -73,7 +73,7 @@ func TestObjectiveHeaderSelectsBand(t *testing.T) {
 func TestRefusalsAreOpenAIErrors(t *testing.T) {
 	e := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}, MaxWait: []time.Duration{0, 50 * time.Millisecond}}, ok,
 		flowhttp.Options{BandNames: []string{"critical", "sheddable"}})
-	e.pool.Set(1) // sheddable blocked
+	e.saturate(t, 1) // sheddable blocked
 
 	// expired: 503, not to be retried.
 	resp, body, err := post(t, context.Background(), e.srv.URL+"/v1/completions", "sheddable", "{}")
@@ -98,7 +98,7 @@ func TestRefusalsAreOpenAIErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e2 := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}}, ok, flowhttp.Options{BandNames: []string{"critical", "sheddable"}})
-	e2.pool.Set(1)
+	e2.saturate(t, 1)
 	errc := make(chan error, 1)
 	go func() { _, _, err := post(t, ctx, e2.srv.URL+"/v1/completions", "sheddable", "{}"); errc <- err }()
 	waitFor(t, "one queued", func() bool { return e2.queued(1) == 1 })
@@ -138,7 +138,7 @@ func TestRefusalsAreOpenAIErrors(t *testing.T) {
 
 func TestGatedMethodsAndPaths(t *testing.T) {
 	e := start(t, flowcontrol.ControllerConfig{MaxWait: []time.Duration{0, time.Millisecond}}, ok, flowhttp.Options{DefaultBand: -1})
-	e.pool.Set(1) // the last band is blocked: a gated request expires
+	e.saturate(t, 1) // the last band is blocked: a gated request expires
 	for _, c := range []struct {
 		method, path string
 		gated        bool
@@ -173,7 +173,7 @@ func TestGatedMethodsAndPaths(t *testing.T) {
 		DefaultBand: -1,
 		Gated:       func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") },
 	})
-	e2.pool.Set(1)
+	e2.saturate(t, 1)
 	for path, want := range map[string]int{"/v1/completions": 503, "/admin": 200} {
 		resp, _, err := post(t, context.Background(), e2.srv.URL+path, "", "{}")
 		if err != nil {
@@ -268,7 +268,7 @@ func TestPanicReleasesSlotAndRepanics(t *testing.T) {
 
 func TestByteBudget(t *testing.T) {
 	e := start(t, flowcontrol.ControllerConfig{}, ok, flowhttp.Options{MaxBytes: []int64{0, 100}, DefaultBand: -1})
-	e.pool.Set(1)
+	e.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
@@ -298,7 +298,7 @@ func TestByteBudget(t *testing.T) {
 	cancel()
 	<-errc
 	e.result(t)
-	e.pool.Set(0)
+	e.saturate(t, 0)
 	resp, _, err = post(t, context.Background(), e.srv.URL+"/v1/completions", "", strings.Repeat("d", 100))
 	if err != nil || resp.StatusCode != 200 {
 		t.Errorf("budget not given back: %v %v", resp, err)

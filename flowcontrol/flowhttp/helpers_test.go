@@ -144,3 +144,11 @@ var ok = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 })
 
 func quietLog() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// saturate sets the pool's saturation and waits for a tick to read it
+// (bands are gated by the last tick's reading).
+func (e *env) saturate(t testing.TB, v float64) {
+	t.Helper()
+	e.pool.Set(v)
+	waitFor(t, "a tick to read the saturation", func() bool { return e.ctrl.Stats().Saturation == v })
+}

@@ -116,7 +116,7 @@ func TestOpenAISDKDecodesRefusals(t *testing.T) {
 	var hits atomic.Int64
 	e := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}, MaxWait: []time.Duration{0, 30 * time.Millisecond}}, openAIStub,
 		flowhttp.Options{BandNames: []string{"critical", "sheddable"}}, func(h http.Handler) http.Handler { return counting(&hits, h) })
-	e.pool.Set(1) // sheddable blocked
+	e.saturate(t, 1) // sheddable blocked
 	prompt := openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}
 	params := openai.CompletionNewParams{Model: "m", Prompt: prompt}
 
@@ -137,7 +137,7 @@ func TestOpenAISDKDecodesRefusals(t *testing.T) {
 
 	// 429 queue-full: fill the one sheddable place, then ask again.
 	e2 := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}}, openAIStub, flowhttp.Options{BandNames: []string{"critical", "sheddable"}})
-	e2.pool.Set(1)
+	e2.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c2 := sdkClient(e2.srv.URL, option.WithHeader(flowhttp.ObjectiveHeader, "sheddable"), option.WithMaxRetries(0))
