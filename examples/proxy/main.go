@@ -13,31 +13,23 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/flowgate/flowgate/examples/internal/gateway"
 )
 
 func main() {
 	configPath := flag.String("config", "", "optional YAML configuration (see examples/proxy/config.yaml)")
 	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends := flag.String("backends", "", "comma-separated base URLs of the model servers")
-	demo := flag.Bool("demo", false, "start two fake vLLM backends and a load generator, run static then soft-reflective, print TTFT p99 side by side")
-	qps := flag.Float64("qps", demoLoad().QPS, "demo: arrival rate in model time (codegen mix)")
-	speedUp := flag.Float64("speedup", demoLoad().SpeedUp, "demo: the fake backends run the model this many times faster than real time")
-	duration := flag.Duration("duration", demoLoad().Duration, "demo: wall-clock duration of the load per policy")
 	flag.Parse()
 
-	cfg := DefaultConfig()
-	if *demo {
-		// Compare the policies as the published experiment did: the
-		// reference saturation formula without in-flight credit (credit
-		// strengthens the static baseline too). -config overrides.
-		cfg.Saturation.InFlightCredit = false
-	}
+	cfg := gateway.DefaultConfig()
 	if *configPath != "" {
 		f, err := os.Open(*configPath)
 		if err != nil {
 			fatal(err)
 		}
-		cfg, err = ParseConfig(f)
+		cfg, err = gateway.ParseConfig(f)
 		f.Close()
 		if err != nil {
 			fatal(err)
@@ -46,15 +38,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	if *demo {
-		load := demoLoad()
-		load.QPS, load.SpeedUp, load.Duration = *qps, *speedUp, *duration
-		if _, err := RunDemo(ctx, DemoSpec{Config: cfg, Backends: 2, Load: load, Out: os.Stdout}); err != nil {
-			fatal(err)
-		}
-		return
-	}
-
 	var urls []string
 	for _, b := range strings.Split(*backends, ",") {
 		if b = strings.TrimSpace(b); b != "" {
@@ -62,9 +45,9 @@ func main() {
 		}
 	}
 	if len(urls) == 0 {
-		fatal(errors.New("proxy: -backends is required (or -demo)"))
+		fatal(errors.New("proxy: -backends is required"))
 	}
-	p, err := NewProxy(Options{Config: cfg, Backends: urls})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls})
 	if err != nil {
 		fatal(err)
 	}
@@ -72,7 +55,7 @@ func main() {
 	srv := &http.Server{Addr: *addr, Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.ListenAndServe() }()
-	log.Printf("proxy: %s on http://%s → %v (policy %s, %d bands)", "listening", *addr, urls, cfg.Policy.Type, len(cfg.Bands))
+	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands)", *addr, urls, cfg.Policy.Type, len(cfg.Bands))
 	select {
 	case err := <-served:
 		p.Close()

@@ -62,6 +62,9 @@ var (
 	ErrBodyTooLarge = errors.New("flowhttp: request body too large")
 	// ErrBodyTimeout: the body arrived slower than MinBodyRate.
 	ErrBodyTimeout = errors.New("flowhttp: request body too slow")
+	// ErrClientGone: the client left while sending the body (nothing is
+	// answered; Result.Reason is ReasonCancelled).
+	ErrClientGone = errors.New("flowhttp: client left while sending the body")
 	// ErrBadBody: reading the body failed.
 	ErrBadBody = errors.New("flowhttp: request body unreadable")
 )
@@ -81,8 +84,9 @@ type Result struct {
 	// Waited is the time from arrival (before the body was read) to
 	// release or refusal.
 	Waited time.Duration
-	// Err is the error behind a refusal or a cancellation (flowcontrol's
-	// or flowhttp's sentinels; errors.Is-able); nil when forwarded.
+	// Err is the error behind a refusal or a cancellation before release
+	// (flowcontrol's or flowhttp's sentinels; errors.Is-able); nil once
+	// released, whatever happened next (Reason says).
 	Err error
 	// BodyBytes is the size of the buffered request body.
 	BodyBytes int
@@ -318,10 +322,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case v != nil:
 			res.Reason = ReasonAborted
 			if r.Context().Err() != nil {
-				res.Reason, res.Err = ReasonCancelled, r.Context().Err()
+				res.Reason = ReasonCancelled
 			}
 		case r.Context().Err() != nil && rec.code == 0:
-			res.Reason, res.Err = ReasonCancelled, r.Context().Err()
+			res.Reason = ReasonCancelled
 		}
 		if res.Status == 0 {
 			res.Status = StatusClientClosed
@@ -384,7 +388,7 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return nil, fmt.Errorf("%w: %d bytes in %v", ErrBodyTimeout, buf.Len(), time.Since(start).Round(time.Millisecond))
 	case r.Context().Err() != nil:
-		return nil, fmt.Errorf("%w: %w", flowcontrol.ErrCancelled, r.Context().Err())
+		return nil, fmt.Errorf("%w: %w", ErrClientGone, r.Context().Err())
 	}
 	return nil, fmt.Errorf("%w: %w", ErrBadBody, err)
 }
@@ -415,7 +419,7 @@ func refusalFor(err error) (refusal, bool) {
 		return refusal{http.StatusRequestTimeout, ReasonBodyTimeout, false, true}, true
 	case errors.Is(err, ErrBadBody):
 		return refusal{http.StatusBadRequest, ReasonBadBody, false, true}, true
-	case errors.Is(err, flowcontrol.ErrCancelled):
+	case errors.Is(err, flowcontrol.ErrCancelled), errors.Is(err, ErrClientGone):
 		return refusal{}, false
 	}
 	return refusal{http.StatusInternalServerError, ReasonInternal, false, false}, true
@@ -449,16 +453,17 @@ func (h *handler) refuse(w http.ResponseWriter, res *Result, err error) {
 	if f.closeIt {
 		w.Header().Set("Connection", "close")
 	}
-	msg := fmt.Sprintf("%s: band %q, waited %v: %v", f.reason, h.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
+	msg := fmt.Sprintf("band %q, waited %v: %v", h.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
 	WriteError(w, f.status, f.reason, msg, f.retry)
 }
 
 // WriteError answers in flowhttp's format on the gateway's own behalf, for
 // the refusals a gateway adds (no backend, backend failed): the
 // OpenAI-shaped JSON error {"error":{"message","type","code"}} with code
-// reason and message prefixed "flowgate: ", DroppedReasonHeader set to
+// reason and message "flowgate: <reason>: <message>", DroppedReasonHeader set to
 // reason, and Retry-After: 1 if retry, else x-should-retry: false.
 func WriteError(w http.ResponseWriter, status int, reason, message string, retry bool) {
+	markOwn(w)
 	hd := w.Header()
 	hd.Set("Content-Type", "application/json")
 	hd[droppedKey] = []string{reason}
@@ -470,7 +475,7 @@ func WriteError(w http.ResponseWriter, status int, reason, message string, retry
 	w.WriteHeader(status)
 	var b bytes.Buffer
 	b.WriteString(`{"error":{"message":`)
-	m, _ := json.Marshal("flowgate: " + message) // a string always marshals
+	m, _ := json.Marshal("flowgate: " + reason + ": " + message) // a string always marshals
 	b.Write(m)
 	b.WriteString(`,"type":"`)
 	b.WriteString(errorType(status))

@@ -11,6 +11,23 @@ type recorder struct {
 	http.ResponseWriter
 	band string
 	code int
+	own  bool // WriteError answered through it: keep DroppedReasonHeader
+}
+
+// markOwn finds flowhttp's recorder under w (through Unwrap) and marks the
+// answer as the gateway's own.
+func markOwn(w http.ResponseWriter) {
+	for w != nil {
+		if r, ok := w.(*recorder); ok {
+			r.own = true
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
 }
 
 func (r *recorder) WriteHeader(code int) {
@@ -22,7 +39,9 @@ func (r *recorder) WriteHeader(code int) {
 		return
 	}
 	h := r.ResponseWriter.Header()
-	delete(h, droppedKey)
+	if !r.own {
+		delete(h, droppedKey)
+	}
 	h[bandKey] = []string{r.band}
 	r.code = code
 	r.ResponseWriter.WriteHeader(code)

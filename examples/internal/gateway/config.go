@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bytes"
@@ -97,6 +97,7 @@ type Band struct {
 	Priority int
 	Capacity int
 	MaxWait  time.Duration // 0: no limit
+	MaxBytes int64         // byte budget of the band's waiting bodies; 0: none
 }
 
 // PolicyRef is the selected usage-limit policy: a registry type name and its
