@@ -36,12 +36,7 @@ func TestHotPathAllocFree(t *testing.T) {
 	clk := newFakeClock()
 	sat := newSat(0.7)
 	dispatched := 0
-	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-		Bands: 4, Capacity: 64, Burst: 4, Source: sat, Now: clk.Now,
-		MaxWait:  []time.Duration{0, time.Second, 10 * time.Millisecond, time.Millisecond},
-		Dispatch: func(int, int) { dispatched++ },
-		OnDrop:   func(int, int, error) {},
-	})
+	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(4, 64, []time.Duration{0, time.Second, 10 * time.Millisecond, time.Millisecond}...), Burst: 4, Source: sat, Now: clk.Now}, Dispatch: func(int, int) { dispatched++ }, OnDrop: func(int, int, error) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +63,7 @@ func TestHotPathAllocFree(t *testing.T) {
 	}
 
 	// A full band refuses without allocating.
-	full, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-		Bands: 1, Capacity: 1, Source: sat, Dispatch: func(int, int) {},
-	})
+	full, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(1, 1), Source: sat}, Dispatch: func(int, int) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,15 +81,12 @@ func TestHotPathAllocFree(t *testing.T) {
 		t.Log("race detector on: sync.Pool drops tickets at random; Controller.Wait not measured")
 		return
 	}
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 64, Source: newSat(0), Tick: 50 * time.Microsecond,
-	})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 64), Source: newSat(0), Tick: 100 * time.Microsecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(ctx) }()
+	runDone := c.Start(ctx)
 	wait := func() {
 		done, err := c.Wait(context.Background(), 0)
 		if err != nil {

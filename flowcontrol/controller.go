@@ -15,22 +15,29 @@ type InFlightCounter interface {
 	Dec()
 }
 
-// ControllerConfig configures NewController. The fields mean what they mean
-// in DispatcherConfig.
+// ControllerConfig configures NewController: the shared Config (bands,
+// policy, source, clock) plus what only the blocking facade has.
 type ControllerConfig struct {
-	Bands        int              // required, 1..MaxBands
-	Capacity     int              // waiters per band, required unless BandCapacity is set
-	BandCapacity []int            // optional: one capacity per band, in place of Capacity
-	Policy       CeilingPolicy    // nil = NewSoftReflective()
-	Source       SaturationSource // required
-	Burst        int              // 0 = DefaultBurst
-	Tick         time.Duration    // 0 = DefaultTick
-	MaxWait      []time.Duration  // empty, one for all bands, or one per band
-	Now          func() time.Time // nil = time.Now
+	Config
 	// InFlight, if set, is incremented when a Wait is released and
 	// decremented when its done is called (once), next to the count that
 	// InFlight() reports.
 	InFlight InFlightCounter
+	// OnOutcome, if set, is called exactly once per Wait that entered a
+	// band's queue, with the band, the outcome (nil = dispatched, or
+	// ErrCancelled, ErrExpired, ErrClosed) and the time waited on the
+	// configured clock, before that Wait returns. It runs on the
+	// dispatcher's goroutine (or, for a cancellation, the waiter's), so it
+	// must be quick and must not block; it must not call Step, Poll or
+	// Close. Waits refused before the queue are not reported here: they are
+	// counted in Stats (BandStats.Rejected, BandStats.Refused,
+	// Stats.UnknownBand). flowmetrics.Collector.OnOutcome fits here.
+	OnOutcome func(band int, outcome error, waited time.Duration)
+	// Stepped says the host drives the controller's ticks itself with Step
+	// (simulators, tests) instead of Run. Without it, Wait on a controller
+	// whose Run is not going returns ErrNotRunning at once rather than
+	// blocking until its context ends.
+	Stepped bool
 }
 
 // Ticket states. A ticket leaves stateWaiting exactly once, by a
@@ -61,6 +68,7 @@ type ticket struct {
 	ch    chan struct{} // 1-buffered; one send per dispatcher-side win
 	gen   atomic.Uint64 // the generation whose done has not fired yet; 0 = none
 	uses  uint64        // owner-only: generations handed out
+	start time.Time     // enqueue time on the configured clock, when OnOutcome is set
 	c     *Controller
 }
 
@@ -87,10 +95,17 @@ func (t *ticket) done(gen uint64) {
 //
 // Start it with Run (or drive it with Step) and stop it with Close.
 type Controller struct {
-	d        *Dispatcher[*ticket]
-	inflight atomic.Int64
-	hook     InFlightCounter
-	pool     sync.Pool
+	d         *Dispatcher[*ticket]
+	inflight  atomic.Int64
+	hook      InFlightCounter
+	onOutcome func(band int, outcome error, waited time.Duration)
+	now       func() time.Time
+	stepped   bool
+	pool      sync.Pool
+
+	// refusals only the Controller sees, per band
+	refusedCancelled []atomic.Uint64
+	refusedIdle      []atomic.Uint64
 }
 
 // noop is the done returned with an error: there is nothing to release.
@@ -99,33 +114,24 @@ func noop() {}
 // NewController validates cfg and returns a controller. Errors wrap
 // ErrInvalidConfig and name the field.
 func NewController(cfg ControllerConfig) (*Controller, error) {
-	c := &Controller{hook: cfg.InFlight}
+	c := &Controller{hook: cfg.InFlight, onOutcome: cfg.OnOutcome, stepped: cfg.Stepped}
 	c.pool.New = func() any { return &ticket{ch: make(chan struct{}, 1), c: c} }
-	d, err := NewDispatcher(DispatcherConfig[*ticket]{
-		Bands:        cfg.Bands,
-		Capacity:     cfg.Capacity,
-		BandCapacity: cfg.BandCapacity,
-		Policy:       cfg.Policy,
-		Source:       cfg.Source,
-		Burst:        cfg.Burst,
-		Tick:         cfg.Tick,
-		MaxWait:      cfg.MaxWait,
-		Now:          cfg.Now,
-		Dispatch:     c.onDispatch,
-		OnDrop:       c.onDrop,
-		Live:         c.claim,
-		Abandoned: func(t *ticket) bool {
-			return t.state.Load() == stateCancelled
-		},
-	})
+	d, err := newDispatcher(DispatcherConfig[*ticket]{
+		Config:   cfg.Config,
+		Dispatch: c.onDispatch,
+		OnDrop:   c.onDrop,
+	}, c.claim, func(t *ticket) bool { return t.state.Load() == stateCancelled })
 	if err != nil {
 		return nil, err
 	}
 	c.d = d
+	c.now = d.now
+	c.refusedCancelled = make([]atomic.Uint64, d.Bands())
+	c.refusedIdle = make([]atomic.Uint64, d.Bands())
 	return c, nil
 }
 
-// claim is the dispatcher's Live hook, called once per ticket before the
+// claim is the dispatcher's liveness hook, called once per ticket before the
 // dispatcher decides its outcome (dispatch, expiry or close): it wins the
 // ticket unless the waiter has already cancelled. A lost claim makes the
 // dispatcher count the ticket as cancelled, so Stats agrees with Wait.
@@ -133,22 +139,30 @@ func (c *Controller) claim(t *ticket) bool {
 	return t.state.CompareAndSwap(stateWaiting, stateClaimed)
 }
 
-func (c *Controller) onDispatch(_ int, t *ticket) {
+// report calls OnOutcome for a ticket that was queued on band.
+func (c *Controller) report(band int, t *ticket, outcome error) {
+	if c.onOutcome != nil {
+		c.onOutcome(band, outcome, c.now().Sub(t.start))
+	}
+}
+
+func (c *Controller) onDispatch(band int, t *ticket) {
 	// Count the request in flight before waking its waiter, so a
 	// saturation source reading the counter sees it at once.
 	c.inflight.Add(1)
 	if c.hook != nil {
 		c.hook.Inc()
 	}
+	c.report(band, t, nil)
 	t.state.Store(stateDispatched)
 	t.ch <- struct{}{}
 }
 
-func (c *Controller) onDrop(_ int, t *ticket, reason error) {
+func (c *Controller) onDrop(band int, t *ticket, reason error) {
 	switch reason {
 	case ErrCancelled:
-		// The claim failed: the waiter cancelled and left, so the
-		// ticket is ours to recycle.
+		// The claim failed: the waiter cancelled, reported its outcome
+		// and left, so the ticket is ours to recycle.
 		c.pool.Put(t)
 		return
 	case ErrExpired:
@@ -156,6 +170,7 @@ func (c *Controller) onDrop(_ int, t *ticket, reason error) {
 	default:
 		t.state.Store(stateClosed)
 	}
+	c.report(band, t, reason)
 	t.ch <- struct{}{}
 }
 
@@ -168,9 +183,13 @@ func (c *Controller) onDrop(_ int, t *ticket, reason error) {
 //	ErrExpired      waited longer than the band's MaxWait
 //	ErrQueueFull    the band already holds Capacity waiters
 //	ErrClosed       the controller is closed (or closed while waiting)
+//	ErrNotRunning   no Run is going and the controller is not Stepped
 //	ErrUnknownBand  band outside [0, Bands)
 //
-// Exactly one of these is returned per call. In steady state a released Wait
+// Exactly one of these is returned per call. The first three may come after
+// the request waited in the queue (OnOutcome reports those, and dispatched
+// ones); the others, and ErrCancelled for a context already done, are
+// refusals at the door, counted in Stats. In steady state a released Wait
 // allocates once (the done func).
 //
 // A Wait cancelled while queued returns at once; its place (its slot of
@@ -178,11 +197,25 @@ func (c *Controller) onDrop(_ int, t *ticket, reason error) {
 // even if the band is gated, without spending the band's burst. Stats counts
 // it as cancelled, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
+	if uint(band) >= uint(c.d.Bands()) {
+		c.d.unknown.Add(1)
+		return noop, ErrUnknownBand
+	}
 	if err := ctx.Err(); err != nil {
+		c.refusedCancelled[band].Add(1)
 		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)
+	}
+	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
+		c.refusedIdle[band].Add(1)
+		return noop, ErrNotRunning
 	}
 	t := c.pool.Get().(*ticket)
 	t.state.Store(stateWaiting)
+	var start time.Time
+	if c.onOutcome != nil {
+		start = c.now()
+		t.start = start
+	}
 	if err := c.d.Enqueue(band, t); err != nil {
 		c.pool.Put(t)
 		return noop, err
@@ -194,7 +227,11 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 			// The dispatcher removes the ticket at its next tick
 			// (or at once, under Run), freeing its place even in a
 			// gated band, and recycles it. The ticket must not be
-			// touched after Abandon: it may already be reused.
+			// touched after the CAS: the dispatcher may already have
+			// swept and recycled it (hence the local start).
+			if c.onOutcome != nil {
+				c.onOutcome(band, ErrCancelled, c.now().Sub(start))
+			}
 			c.d.Abandon(band)
 			return noop, fmt.Errorf("%w: %w", ErrCancelled, ctx.Err())
 		}
@@ -219,10 +256,33 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 // called yet.
 func (c *Controller) InFlight() int64 { return c.inflight.Load() }
 
-// Run runs the dispatcher on the real clock; see Dispatcher.Run.
+// Bands returns a copy of the validated band configurations (names
+// defaulted), band 0 first.
+func (c *Controller) Bands() []BandConfig { return c.d.BandConfigs() }
+
+// Run runs the dispatcher on the real clock; see Dispatcher.Run. While it
+// is going, Wait queues requests; before it starts and after it returns,
+// Wait returns ErrNotRunning unless the controller is Stepped. Waits
+// already queued when Run returns stay queued until Run is started again,
+// Close, or their context ends.
 func (c *Controller) Run(ctx context.Context) error { return c.d.Run(ctx) }
 
-// Step runs one tick; see Dispatcher.Step. For tests and simulations.
+// Start is Run in a goroutine of its own, except that the controller counts
+// as running before Start returns: a Wait issued after Start never sees
+// ErrNotRunning (with "go c.Run(ctx)" an early Wait may). Run's result is
+// delivered on the returned channel (buffered, so nobody has to read it).
+func (c *Controller) Start(ctx context.Context) <-chan error {
+	ch := make(chan error, 1)
+	if err := c.d.begin(); err != nil {
+		ch <- err
+		return ch
+	}
+	go func() { ch <- c.d.loop(ctx) }()
+	return ch
+}
+
+// Step runs one tick; see Dispatcher.Step. For tests and simulations, with
+// ControllerConfig.Stepped set.
 func (c *Controller) Step() { c.d.Step() }
 
 // Poll releases what the current tick still allows; see Dispatcher.Poll.
@@ -233,5 +293,13 @@ func (c *Controller) Poll() { c.d.Poll() }
 // works). Idempotent.
 func (c *Controller) Close() { c.d.Close() }
 
-// Stats returns the dispatcher's snapshot; see Stats.
-func (c *Controller) Stats() Stats { return c.d.Stats() }
+// Stats returns the dispatcher's snapshot with the controller's own
+// refusals (Refusals.Cancelled, Refusals.NotRunning) filled in; see Stats.
+func (c *Controller) Stats() Stats {
+	st := c.d.Stats()
+	for i := range st.Bands {
+		st.Bands[i].Refused.Cancelled = c.refusedCancelled[i].Load()
+		st.Bands[i].Refused.NotRunning = c.refusedIdle[i].Load()
+	}
+	return st
+}

@@ -29,7 +29,7 @@ func newTestController(t *testing.T, cfg flowcontrol.ControllerConfig) *flowcont
 }
 
 func TestNewControllerValidation(t *testing.T) {
-	_, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 2, Capacity: 0, Source: newSat(0)})
+	_, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 0), Source: newSat(0)}})
 	if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), "Capacity") {
 		t.Fatalf("err = %v", err)
 	}
@@ -62,10 +62,7 @@ func TestControllerOutcomes(t *testing.T) {
 	clk := newFakeClock()
 	sat := newSat(1) // two bands: sheddable blocked
 	hook := &counter{}
-	c := newTestController(t, flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 2, Source: sat, Now: clk.Now, InFlight: hook,
-		MaxWait: []time.Duration{0, 10 * time.Millisecond},
-	})
+	c := newTestController(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 2, []time.Duration{0, 10 * time.Millisecond}...), Source: sat, Now: clk.Now}, InFlight: hook, Stepped: true})
 
 	// Unknown band and already-cancelled context return at once.
 	if _, err := c.Wait(context.Background(), 2); !errors.Is(err, flowcontrol.ErrUnknownBand) {
@@ -152,12 +149,8 @@ func TestControllerStress(t *testing.T) {
 	const goroutines, per = 16, 300
 	sat := newSat(0.5)
 	hook := &counter{}
-	c := newTestController(t, flowcontrol.ControllerConfig{
-		Bands: 3, Capacity: 8, Source: sat, Burst: 4, Tick: 100 * time.Microsecond,
-		MaxWait: []time.Duration{0, 2 * time.Millisecond, time.Millisecond}, InFlight: hook,
-	})
-	runErr := make(chan error, 1)
-	go func() { runErr <- c.Run(context.Background()) }()
+	c := newTestController(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(3, 8, []time.Duration{0, 2 * time.Millisecond, time.Millisecond}...), Source: sat, Burst: 4, Tick: 100 * time.Microsecond}, InFlight: hook})
+	runErr := c.Start(context.Background())
 
 	var outcomes [6]atomic.Int64 // nil, cancelled, expired, full, closed, other
 	var wg sync.WaitGroup
@@ -250,9 +243,7 @@ func TestControllerStress(t *testing.T) {
 // the first as cancelled. Without Abandon the place would stay taken until
 // the band opened.
 func TestControllerCancelledWaiterFreesPlaceInBlockedBand(t *testing.T) {
-	c := newTestController(t, flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 1, Source: newSat(5), // sheddable hard-blocked
-	})
+	c := newTestController(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 1), Source: newSat(5)}, Stepped: true})
 	defer c.Close()
 	c.Step()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -280,4 +271,62 @@ func TestControllerCancelledWaiterFreesPlaceInBlockedBand(t *testing.T) {
 	if rej := c.Stats().Bands[1].Rejected; rej != 1 {
 		t.Fatalf("rejected %d, want 1", rej)
 	}
+}
+
+// TestErrNotRunning: Wait on a controller nobody ticks returns
+// ErrNotRunning at once instead of hanging until its context ends — before
+// Run, after Run returned — while Start, Run and Stepped make it queue, and
+// Close still answers ErrClosed. Each refusal is counted in Stats.
+func TestErrNotRunning(t *testing.T) {
+	cfg := flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 4), Source: newSat(0)}}
+	c := newTestController(t, cfg)
+	if _, err := c.Wait(context.Background(), 0); !errors.Is(err, flowcontrol.ErrNotRunning) {
+		t.Fatalf("Wait before Run: %v, want ErrNotRunning", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := c.Start(ctx)
+	done, err := c.Wait(context.Background(), 1)
+	if err != nil {
+		t.Fatalf("Wait after Start: %v", err)
+	}
+	done()
+	cancel()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := c.Wait(context.Background(), 1); !errors.Is(err, flowcontrol.ErrNotRunning) {
+		t.Fatalf("Wait after Run returned: %v, want ErrNotRunning", err)
+	}
+	st := c.Stats()
+	if st.Bands[0].Refused.NotRunning != 1 || st.Bands[1].Refused.NotRunning != 1 || st.Bands[1].Dispatched != 1 {
+		t.Fatalf("stats %+v", st.Bands)
+	}
+	c.Close()
+	if _, err := c.Wait(context.Background(), 0); !errors.Is(err, flowcontrol.ErrClosed) {
+		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
+	}
+	if st := c.Stats(); st.Bands[0].Refused.Closed != 1 {
+		t.Fatalf("closed refusal not counted: %+v", st.Bands[0])
+	}
+	if ch := c.Start(context.Background()); !errors.Is(<-ch, flowcontrol.ErrClosed) {
+		t.Fatal("Start after Close did not report ErrClosed")
+	}
+
+	// Stepped: the host ticks; Wait queues.
+	cfg.Stepped = true
+	s := newTestController(t, cfg)
+	got := make(chan error, 1)
+	go func() {
+		done, err := s.Wait(context.Background(), 0)
+		if err == nil {
+			done()
+		}
+		got <- err
+	}()
+	waitQueued(s, 0, 1)
+	s.Step()
+	if err := <-got; err != nil {
+		t.Fatalf("Stepped Wait: %v", err)
+	}
+	s.Close()
 }

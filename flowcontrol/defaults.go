@@ -14,12 +14,11 @@ const (
 	// are re-evaluated, saturation is read and expiries are applied once
 	// per tick.
 	DefaultTick = time.Millisecond
-	// DefaultBurst is how many items an open band may release per tick:
-	// with DefaultTick, 2,000 items/s per band on every-tick bands (twice
-	// the reference gateway's 1,000/s for all bands together). In the
-	// simulator Burst 1 protected critical TTFT as well or slightly better,
-	// Burst 8-32 worse (up to 100x worse at reasoning@0.7). A host whose
-	// per-band arrival rate exceeds Burst/Tick must raise Burst.
+	// DefaultBurst is how many items an open band may release per tick
+	// (at DefaultTick, Burst thousand items per second per band). The
+	// simulator's Tick × Burst sweep chose the smallest bursts (README,
+	// Simulator section). A host whose per-band arrival rate exceeds
+	// Burst/Tick must raise Burst.
 	DefaultBurst = 2
 	// DefaultStaticThreshold is the threshold of the static policy when
 	// none is given (PolicyByName): 1.0, "effectively no flow control".
@@ -31,8 +30,8 @@ const (
 	// MaxBands is the largest number of bands a dispatcher accepts.
 	MaxBands = 1024
 	// MaxEvery is the largest duty cycle a policy returns and the value at
-	// which the dispatcher's per-band tick count saturates. At the default
-	// tick it is about 12 days: for practical purposes, blocked.
+	// which the dispatcher's per-band tick count saturates: at any
+	// practical tick, for practical purposes, blocked.
 	MaxEvery = 1 << 30
 	// MaxSaturation is the value Sanitize clamps large inputs (+Inf
 	// included) to: far above every ceiling, so it reads "overloaded".

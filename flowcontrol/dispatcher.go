@@ -11,75 +11,34 @@ import (
 	"github.com/flowgate/flowgate/queue"
 )
 
-// DispatcherConfig configures NewDispatcher. Zero values of optional fields
-// take the documented defaults.
+// DispatcherConfig configures NewDispatcher: the shared Config plus the
+// callbacks through which the dispatcher hands items back.
 type DispatcherConfig[T any] struct {
-	// Bands is the number of priority bands, 1..MaxBands. Band 0 is the
-	// most critical, band Bands−1 the most sheddable. Required.
-	Bands int
-	// Capacity is the number of items each band holds, exactly (the ring
-	// underneath is rounded up to a power of two, but Enqueue reports
-	// ErrQueueFull at Capacity). 1..queue.MaxCapacity. Required unless
-	// BandCapacity is set.
-	Capacity int
-	// BandCapacity, if not empty, gives each band its own capacity
-	// (Bands values, each 1..queue.MaxCapacity) in place of Capacity,
-	// which may then be 0.
-	BandCapacity []int
-	// Policy gates the bands. Nil means NewSoftReflective().
-	Policy CeilingPolicy
-	// Source is read, and its value passed through Sanitize, once per tick.
-	// Required.
-	Source SaturationSource
+	Config
 	// Dispatch receives every released item, on the goroutine running the
 	// tick (Step, Poll or Run), in band order within a tick and FIFO within a
 	// band. It must not call Step, Poll or Close (deadlock); it may call
 	// Enqueue and Stats. Required.
 	Dispatch func(band int, item T)
-	// Burst is how many items an open band may release per tick (Poll
-	// spends what the current tick left). Skipped items (expired,
-	// cancelled) do not count. 0 means DefaultBurst.
-	Burst int
-	// Tick is the period of Run's clock. 0 means DefaultTick. Step-driven
-	// users (simulators) may ignore it.
-	Tick time.Duration
-	// MaxWait bounds how long an item may wait before it is dropped with
-	// ErrExpired: empty = no limit, one value = the limit of every band, or
-	// one value per band (Bands values). 0 means no limit for that band.
-	// Expiry is applied at the first tick at or after the deadline, open or
-	// gated band alike.
-	MaxWait []time.Duration
-	// OnDrop, if set, is told of every item that is not dispatched, with
-	// reason ErrExpired, ErrCancelled or ErrClosed. It runs on the tick's
-	// goroutine (or Close's) under the same rules as Dispatch.
+	// OnDrop, if set, is told of every accepted item that is not
+	// dispatched, with reason ErrExpired, ErrCancelled or ErrClosed. It
+	// runs on the tick's goroutine (or Close's) under the same rules as
+	// Dispatch.
 	OnDrop func(band int, item T, reason error)
-	// Live, if set, is called exactly once for each item when the
-	// dispatcher decides its fate: immediately before Dispatch, and before
-	// OnDrop with ErrExpired or ErrClosed. Returning false ends the item as
-	// cancelled instead (OnDrop with ErrCancelled, counted as cancelled)
-	// without spending the band's burst. Asking before a drop too keeps
-	// Stats in agreement with what the owner saw: an item its owner gave up
-	// on is counted as cancelled even when the dispatcher reaches it by
-	// expiry or Close. A Live that claims the item (a compare-and-swap on
-	// its state) makes the choice between the dispatcher's outcome and the
-	// owner's cancellation race free; this is how Controller uses it.
-	Live func(item T) bool
 	// Abandoned, if set, reports whether an item's owner has given up on
-	// it, without side effects (it may be called many times per item, and
-	// must agree with Live: an abandoned item's Live returns false). It
-	// lets a band free the places of abandoned items before it reaches
-	// them: after Abandon(band), the next tick (or Poll) removes every
-	// abandoned item from that band, ending it with OnDrop(ErrCancelled).
-	// Without it, an abandoned item keeps its place until the dispatcher
-	// reaches it — which, in a hard-blocked band, may be a long time.
+	// it. It is the dispatcher's one way to let abandoned items give their
+	// place back: the dispatcher asks it before it decides an item's fate
+	// (an abandoned item ends with OnDrop(ErrCancelled), is counted as
+	// cancelled and never spends the band's burst, even when the
+	// dispatcher reaches it by expiry or Close), and after Abandon(band)
+	// the next tick (or Poll) sweeps the band, freeing the places of its
+	// abandoned items even while it is gated. It must be cheap and free of
+	// side effects (it may be called many times per item).
 	Abandoned func(item T) bool
-	// Now is the clock for enqueue times and expiry. Nil means time.Now.
-	// Tests and simulators pass a virtual clock and call Step.
-	Now func() time.Time
 }
 
 // entry is one queued item and its expiry deadline in nanoseconds since the
-// dispatcher's base time (0 = none).
+// dispatcher's base time (noDeadline = none).
 type entry[T any] struct {
 	item T
 	due  int64
@@ -104,7 +63,9 @@ type band[T any] struct {
 	expired    atomic.Uint64
 	cancelled  atomic.Uint64
 	closed     atomic.Uint64
-	rejected   atomic.Uint64 // ErrQueueFull, written by producers
+	// refusals, written by producers
+	full       atomic.Uint64 // ErrQueueFull
+	doorClosed atomic.Uint64 // ErrClosed before the queue
 	abandoned  atomic.Int64  // Abandon calls not yet reaped
 	every      atomic.Int64
 	ceiling    atomic.Uint64 // math.Float64bits
@@ -129,76 +90,67 @@ type band[T any] struct {
 // item that arrives goes at once. Bands are gated independently.
 type Dispatcher[T any] struct {
 	bands    []band[T]
+	configs  []BandConfig // validated, names defaulted
 	policy   CeilingPolicy
 	source   SaturationSource
 	dispatch func(int, T)
 	onDrop   func(int, T, error)
-	live     func(T) bool
-	gone     func(T) bool // DispatcherConfig.Abandoned
-	now      func() time.Time
-	base     time.Time
-	burst    int
-	tick     time.Duration
-	timed    bool // some band has a MaxWait
+	// live is asked once per item when the dispatcher decides its fate;
+	// false ends it as cancelled. gone is the side-effect-free check the
+	// sweep after Abandon uses. For a generic host both come from
+	// DispatcherConfig.Abandoned; Controller installs its claim protocol
+	// (see newDispatcher).
+	live func(T) bool
+	gone func(T) bool
+	now  func() time.Time
+	base time.Time
+	// burst and tick are the effective values (defaults applied).
+	burst int
+	tick  time.Duration
+	timed bool // some band has a MaxWait
 
 	closed   atomic.Bool
 	closedCh chan struct{}
-	notify   chan struct{} // 1-buffered: Enqueue wakes Run
+	notify   chan struct{} // 1-buffered: Enqueue and Abandon wake Run
 	running  atomic.Bool
 
 	mu         sync.Mutex // serialises ticks and Close's drain
 	ticks      atomic.Uint64
+	unknown    atomic.Uint64 // ErrUnknownBand refusals
 	saturation atomic.Uint64 // math.Float64bits of the last sanitised reading
 }
 
 // NewDispatcher validates cfg and returns a dispatcher. Errors wrap
 // ErrInvalidConfig and name the field.
 func NewDispatcher[T any](cfg DispatcherConfig[T]) (*Dispatcher[T], error) {
-	if cfg.Bands < 1 || cfg.Bands > MaxBands {
-		return nil, fmt.Errorf("%w: Bands must be in [1, %d], got %d", ErrInvalidConfig, MaxBands, cfg.Bands)
+	var live, gone func(T) bool
+	if cfg.Abandoned != nil {
+		gone = cfg.Abandoned
+		live = func(item T) bool { return !gone(item) }
 	}
-	if len(cfg.BandCapacity) == 0 {
-		if err := queue.CheckCapacity(cfg.Capacity); err != nil {
-			return nil, fmt.Errorf("%w: Capacity: %w", ErrInvalidConfig, err)
-		}
-	} else {
-		if len(cfg.BandCapacity) != cfg.Bands {
-			return nil, fmt.Errorf("%w: BandCapacity must hold Bands (%d) values, got %d", ErrInvalidConfig, cfg.Bands, len(cfg.BandCapacity))
-		}
-		for i, c := range cfg.BandCapacity {
-			if err := queue.CheckCapacity(c); err != nil {
-				return nil, fmt.Errorf("%w: BandCapacity[%d]: %w", ErrInvalidConfig, i, err)
-			}
-		}
-	}
-	if cfg.Source == nil {
-		return nil, fmt.Errorf("%w: Source is nil", ErrInvalidConfig)
+	return newDispatcher(cfg, live, gone)
+}
+
+// newDispatcher is NewDispatcher with the liveness hooks given explicitly:
+// Controller passes its claim (a compare-and-swap that decides, race free,
+// between the dispatcher's outcome and the waiter's cancellation) as live.
+func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Dispatcher[T], error) {
+	configs, err := cfg.check()
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Dispatch == nil {
 		return nil, fmt.Errorf("%w: Dispatch is nil", ErrInvalidConfig)
 	}
-	if cfg.Burst < 0 {
-		return nil, fmt.Errorf("%w: Burst must be ≥ 0 (0 = default %d), got %d", ErrInvalidConfig, DefaultBurst, cfg.Burst)
-	}
-	if cfg.Tick < 0 {
-		return nil, fmt.Errorf("%w: Tick must be ≥ 0 (0 = default %v), got %v", ErrInvalidConfig, DefaultTick, cfg.Tick)
-	}
-	if n := len(cfg.MaxWait); n > 1 && n != cfg.Bands {
-		return nil, fmt.Errorf("%w: MaxWait must hold 0, 1 or Bands (%d) values, got %d", ErrInvalidConfig, cfg.Bands, n)
-	}
-	for i, w := range cfg.MaxWait {
-		if w < 0 {
-			return nil, fmt.Errorf("%w: MaxWait[%d] must be ≥ 0, got %v", ErrInvalidConfig, i, w)
-		}
-	}
 	d := &Dispatcher[T]{
-		bands:    make([]band[T], cfg.Bands),
+		bands:    make([]band[T], len(configs)),
+		configs:  configs,
 		policy:   cfg.Policy,
 		source:   cfg.Source,
 		dispatch: cfg.Dispatch,
 		onDrop:   cfg.OnDrop,
-		live:     cfg.Live,
-		gone:     cfg.Abandoned,
+		live:     live,
+		gone:     gone,
 		now:      cfg.Now,
 		burst:    cfg.Burst,
 		tick:     cfg.Tick,
@@ -219,20 +171,11 @@ func NewDispatcher[T any](cfg DispatcherConfig[T]) (*Dispatcher[T], error) {
 	}
 	d.base = d.now()
 	d.saturation.Store(0)
-	for i := range d.bands {
+	for i, bc := range configs {
 		b := &d.bands[i]
-		capacity := cfg.Capacity
-		if len(cfg.BandCapacity) > 0 {
-			capacity = cfg.BandCapacity[i]
-		}
-		b.ring = queue.NewRing[entry[T]](capacity)
-		b.capacity = int64(capacity)
-		switch len(cfg.MaxWait) {
-		case 1:
-			b.maxWait = int64(cfg.MaxWait[0])
-		case cfg.Bands:
-			b.maxWait = int64(cfg.MaxWait[i])
-		}
+		b.ring = queue.NewRing[entry[T]](bc.Capacity)
+		b.capacity = int64(bc.Capacity)
+		b.maxWait = int64(bc.MaxWait)
 		if b.maxWait > 0 {
 			d.timed = true
 		}
@@ -248,6 +191,10 @@ func (d *Dispatcher[T]) nowNanos() int64 { return int64(d.now().Sub(d.base)) }
 // Bands returns the number of bands.
 func (d *Dispatcher[T]) Bands() int { return len(d.bands) }
 
+// BandConfigs returns a copy of the validated band configurations, names
+// defaulted.
+func (d *Dispatcher[T]) BandConfigs() []BandConfig { return append([]BandConfig(nil), d.configs...) }
+
 // Tick returns the tick length Run uses.
 func (d *Dispatcher[T]) Tick() time.Duration { return d.tick }
 
@@ -257,6 +204,7 @@ func (d *Dispatcher[T]) Tick() time.Duration { return d.tick }
 // or OnDrop with ErrExpired, ErrCancelled or ErrClosed.
 func (d *Dispatcher[T]) Enqueue(bandIdx int, item T) error {
 	if uint(bandIdx) >= uint(len(d.bands)) {
+		d.unknown.Add(1)
 		return ErrUnknownBand
 	}
 	b := &d.bands[bandIdx]
@@ -267,31 +215,38 @@ func (d *Dispatcher[T]) Enqueue(bandIdx int, item T) error {
 	if b.queued.Add(1) > b.capacity {
 		b.queued.Add(-1)
 		if d.closed.Load() {
+			b.doorClosed.Add(1)
 			return ErrClosed
 		}
-		b.rejected.Add(1)
+		b.full.Add(1)
 		return ErrQueueFull
 	}
 	if d.closed.Load() {
 		b.queued.Add(-1)
+		b.doorClosed.Add(1)
 		return ErrClosed
 	}
-	e := entry[T]{item: item}
+	e := entry[T]{item: item, due: noDeadline}
 	if b.maxWait > 0 {
-		e.due = d.nowNanos() + b.maxWait
+		e.due = dueAt(d.nowNanos(), b.maxWait)
 	}
 	if !b.ring.TryPush(e) {
 		// Unreachable: queued ≤ Capacity ≤ ring capacity. Kept so a
 		// broken invariant is an error, not a lost item.
 		b.queued.Add(-1)
-		b.rejected.Add(1)
+		b.full.Add(1)
 		return ErrQueueFull
 	}
+	d.wake()
+	return nil
+}
+
+// wake nudges Run (a no-op when it already has a nudge pending).
+func (d *Dispatcher[T]) wake() {
 	select {
 	case d.notify <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // Step runs exactly one tick: it reads and sanitises the saturation once,
@@ -356,6 +311,36 @@ func (d *Dispatcher[T]) run(advance bool) {
 	}
 }
 
+// credit counts k ticks on which nothing was queued, without running them:
+// on such a tick continuous ticking would only read the saturation, count
+// the tick and advance every band's tick count (no band has anything to
+// expire, reap or release), so crediting them leaves tick counts and duty
+// cycles exactly where ticking through would have. Run uses it after
+// sleeping through an idle stretch.
+func (d *Dispatcher[T]) credit(k int64) {
+	if k <= 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ticks.Add(uint64(k))
+	for i := range d.bands {
+		b := &d.bands[i]
+		b.since = int(min(int64(b.since)+k, MaxEvery))
+	}
+}
+
+// empty reports whether no band holds anything, nor owes a sweep.
+func (d *Dispatcher[T]) empty() bool {
+	for i := range d.bands {
+		b := &d.bands[i]
+		if b.queued.Load() != 0 || b.abandoned.Load() != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Abandon tells the dispatcher that an item queued on band has been given up
 // by its owner (DispatcherConfig.Abandoned now reports it). The next tick or
 // Poll removes the band's abandoned items, so their places are free for new
@@ -367,10 +352,7 @@ func (d *Dispatcher[T]) Abandon(band int) {
 		return
 	}
 	d.bands[band].abandoned.Add(1)
-	select {
-	case d.notify <- struct{}{}:
-	default:
-	}
+	d.wake()
 }
 
 // reap removes the abandoned items of band i, keeping the others in order.
@@ -413,23 +395,22 @@ func (d *Dispatcher[T]) reap(i int, b *band[T]) {
 func (d *Dispatcher[T]) expireHead(i int, b *band[T], now int64) {
 	for {
 		head, ok := b.front()
-		if !ok || head.due == 0 || now < head.due {
+		if !ok || now < head.due {
 			break
 		}
 		e, _ := b.take()
-		item := e.item
 		b.queued.Add(-1)
-		d.drop(i, b, item, ErrExpired)
+		d.drop(i, b, e.item, ErrExpired)
 	}
 }
 
-// drop ends an item of band b that is not dispatched. Live is asked first
-// (see DispatcherConfig.Live), so an item whose owner already gave up ends
-// as cancelled whatever the dispatcher found. The band's counter is updated
-// before OnDrop runs, so an owner woken by OnDrop already sees its outcome
-// in Stats.
+// drop ends an item of band b that is not dispatched. Live is asked first,
+// so an item whose owner already gave up ends as cancelled whatever the
+// dispatcher found (Stats then agrees with what the owner saw). The band's
+// counter is updated before OnDrop runs, so an owner woken by OnDrop already
+// sees its outcome in Stats.
 func (d *Dispatcher[T]) drop(i int, b *band[T], item T, reason error) {
-	if d.live != nil && !d.live(item) {
+	if reason != ErrCancelled && d.live != nil && !d.live(item) {
 		reason = ErrCancelled
 	}
 	switch reason {
@@ -459,15 +440,12 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 			break
 		}
 		b.queued.Add(-1)
-		if e.due != 0 && now >= e.due {
+		if now >= e.due {
 			d.drop(i, b, e.item, ErrExpired)
 			continue
 		}
 		if d.live != nil && !d.live(e.item) {
-			bump(&b.cancelled)
-			if d.onDrop != nil {
-				d.onDrop(i, e.item, ErrCancelled)
-			}
+			d.drop(i, b, e.item, ErrCancelled)
 			continue
 		}
 		b.budget--
@@ -479,23 +457,40 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 }
 
 // Run ticks at once and then every Tick on the real clock and, between
-// ticks, calls Poll as soon as an item is enqueued, until ctx ends (it returns ctx.Err()) or the
-// dispatcher is closed (it returns ErrClosed). Items still queued when ctx
-// ends stay queued. Only one Run may be going at a time; a second returns
-// ErrRunning.
+// ticks, calls Poll as soon as an item is enqueued, until ctx ends (it
+// returns ctx.Err()) or the dispatcher is closed (it returns ErrClosed).
+// Items still queued when ctx ends stay queued. Only one Run may be going at
+// a time; a second returns ErrRunning.
+//
+// Idle costs nothing: when a tick finds every band empty, Run stops its
+// timer and sleeps until the next Enqueue (or Abandon). On waking it credits
+// the ticks it slept through (see Stats.Ticks) and runs the tick that is
+// due, so tick counts, duty cycles and expiry are exactly what ticking
+// through the idle stretch would have given.
 func (d *Dispatcher[T]) Run(ctx context.Context) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	return d.loop(ctx)
+}
+
+// begin marks the dispatcher as running, or says why it cannot run.
+func (d *Dispatcher[T]) begin() error {
 	if d.closed.Load() {
 		return ErrClosed
 	}
 	if !d.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
+	return nil
+}
+
+// loop is Run after begin; it clears the running mark when it returns.
+func (d *Dispatcher[T]) loop(ctx context.Context) error {
 	defer d.running.Store(false)
-	t := time.NewTicker(d.tick)
+	var s schedule[T]
+	t := time.NewTimer(s.start(d))
 	defer t.Stop()
-	// Tick once at the start, so bands are open (or not) from the first
-	// instant rather than a Tick later.
-	d.Step()
 	for {
 		select {
 		case <-ctx.Done():
@@ -503,11 +498,74 @@ func (d *Dispatcher[T]) Run(ctx context.Context) error {
 		case <-d.closedCh:
 			return ErrClosed
 		case <-t.C:
-			d.Step()
+			if wait, ok := s.fire(); ok {
+				t.Reset(wait)
+			}
 		case <-d.notify:
-			d.Poll()
+			if wait, ok := s.nudge(); ok {
+				t.Reset(wait)
+			}
 		}
 	}
+}
+
+// schedule is Run's clock: ticks fall on a grid of Tick from Run's start,
+// the timer is stopped while the dispatcher is idle, and a wake-up credits
+// the grid points slept through. It is separate from Run so that tests can
+// drive it on a fake clock.
+type schedule[T any] struct {
+	d      *Dispatcher[T]
+	last   int64 // grid point of the last tick run, ns since d.base
+	asleep bool
+}
+
+// start runs the first tick (so bands are open, or not, from the first
+// instant rather than a Tick later) and returns the wait until the next.
+func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
+	s.d = d
+	s.last = d.nowNanos()
+	d.Step()
+	return d.tick
+}
+
+// fire handles the timer: it runs the due tick (a timer that fired late
+// skips the grid points it missed, as a time.Ticker drops ticks) and
+// returns the wait until the next one, or false to sleep because every band
+// is empty.
+func (s *schedule[T]) fire() (time.Duration, bool) {
+	d := s.d
+	tick := int64(d.tick)
+	now := d.nowNanos()
+	s.last += max(1, (now-s.last)/tick) * tick
+	d.Step()
+	if d.empty() {
+		s.asleep = true
+		return 0, false
+	}
+	return time.Duration(s.last + tick - now), true
+}
+
+// nudge handles an Enqueue or Abandon. Awake, it polls (the current tick's
+// unspent burst). Asleep, it credits the grid points slept through but the
+// last, runs that one as a real tick, and returns the wait for the timer to
+// restart; with no grid point passed yet it polls, as ticking would have.
+func (s *schedule[T]) nudge() (time.Duration, bool) {
+	d := s.d
+	if !s.asleep {
+		d.Poll()
+		return 0, false
+	}
+	s.asleep = false
+	tick := int64(d.tick)
+	now := d.nowNanos()
+	if k := (now - s.last) / tick; k > 0 {
+		d.credit(k - 1)
+		s.last += k * tick
+		d.Step()
+	} else {
+		d.Poll()
+	}
+	return time.Duration(s.last + tick - now), true
 }
 
 // Close stops accepting items (Enqueue returns ErrClosed), ends every queued

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,43 +33,9 @@ func newTestDispatcher(t interface{ Fatalf(string, ...any) }, cfg flowcontrol.Di
 	return d
 }
 
-func TestNewDispatcherValidation(t *testing.T) {
-	ok := flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 8, Source: newSat(0), Dispatch: func(int, int) {}}
-	for _, tc := range []struct {
-		field string
-		mod   func(*flowcontrol.DispatcherConfig[int])
-	}{
-		{"Bands", func(c *flowcontrol.DispatcherConfig[int]) { c.Bands = 0 }},
-		{"Bands", func(c *flowcontrol.DispatcherConfig[int]) { c.Bands = flowcontrol.MaxBands + 1 }},
-		{"Capacity", func(c *flowcontrol.DispatcherConfig[int]) { c.Capacity = 0 }},
-		{"Source", func(c *flowcontrol.DispatcherConfig[int]) { c.Source = nil }},
-		{"Dispatch", func(c *flowcontrol.DispatcherConfig[int]) { c.Dispatch = nil }},
-		{"Burst", func(c *flowcontrol.DispatcherConfig[int]) { c.Burst = -1 }},
-		{"Tick", func(c *flowcontrol.DispatcherConfig[int]) { c.Tick = -time.Second }},
-		{"MaxWait", func(c *flowcontrol.DispatcherConfig[int]) { c.MaxWait = make([]time.Duration, 3) }},
-		{"MaxWait[1]", func(c *flowcontrol.DispatcherConfig[int]) { c.MaxWait = []time.Duration{0, -1} }},
-		{"BandCapacity", func(c *flowcontrol.DispatcherConfig[int]) { c.BandCapacity = []int{4} }},
-		{"BandCapacity[1]", func(c *flowcontrol.DispatcherConfig[int]) { c.BandCapacity = []int{4, 0} }},
-	} {
-		cfg := ok
-		tc.mod(&cfg)
-		_, err := flowcontrol.NewDispatcher(cfg)
-		if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) || !strings.HasPrefix(err.Error(), "flowcontrol: ") {
-			t.Errorf("%s: err = %v, want ErrInvalidConfig naming the field", tc.field, err)
-		}
-	}
-	d, err := flowcontrol.NewDispatcher(ok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Tick() != flowcontrol.DefaultTick || d.Bands() != 2 {
-		t.Errorf("defaults: tick %v bands %d", d.Tick(), d.Bands())
-	}
-}
-
 func TestEnqueueErrors(t *testing.T) {
 	var r rec
-	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 3, Source: newSat(0)}, &r)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 3), Source: newSat(0)}}, &r)
 	for _, b := range []int{-1, 2, math.MaxInt} {
 		if err := d.Enqueue(b, 0); !errors.Is(err, flowcontrol.ErrUnknownBand) {
 			t.Errorf("Enqueue(%d) = %v", b, err)
@@ -119,7 +84,7 @@ func TestCriticalNeverBlocked(t *testing.T) {
 		burst := rapid.IntRange(1, 8).Draw(t, "burst")
 		sat := newSat(0)
 		var r rec
-		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: bands, Capacity: 64, Burst: burst, Source: sat}, &r)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(bands, 64), Burst: burst, Source: sat}}, &r)
 		ticks := rapid.IntRange(1, 50).Draw(t, "ticks")
 		next := 0
 		for tick := 0; tick < ticks; tick++ {
@@ -159,7 +124,7 @@ func TestBoundedSheddableStarvation(t *testing.T) {
 		sat := newSat(0)
 		var r rec
 		last := bands - 1
-		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: bands, Capacity: 16, Burst: 1, Source: sat}, &r)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(bands, 16), Burst: 1, Source: sat}}, &r)
 		maxEvery, lastOpen := 0, 0
 		for tick := 1; tick <= 400; tick++ {
 			sat.Set(rapid.OneOf(
@@ -192,7 +157,7 @@ func TestBoundedSheddableStarvation(t *testing.T) {
 // sheddable band never empty and counts the ticks it did not dispatch.
 func blockedTicks(t testing.TB, policy flowcontrol.CeilingPolicy, s float64, n int) int {
 	var r rec
-	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 4, Burst: 1, Source: newSat(s), Policy: policy}, &r)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 4), Burst: 1, Source: newSat(s), Policy: policy}}, &r)
 	blocked := 0
 	for tick := 0; tick < n; tick++ {
 		if d.Stats().Bands[1].Queued == 0 {
@@ -230,8 +195,8 @@ func TestDeadZoneIsNoPolicy(t *testing.T) {
 		sat := newSat(0)
 		burst := rapid.IntRange(1, 4).Draw(t, "burst")
 		var ra, rb rec
-		a := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 8, Burst: burst, Source: sat}, &ra)
-		b := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 8, Burst: burst, Source: sat, Policy: always}, &rb)
+		a := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 8), Burst: burst, Source: sat}}, &ra)
+		b := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 8), Burst: burst, Source: sat, Policy: always}}, &rb)
 		for i := 0; i < 100; i++ {
 			switch rapid.IntRange(0, 2).Draw(t, "op") {
 			case 0, 1:
@@ -259,7 +224,7 @@ func TestMonotoneAcrossBands(t *testing.T) {
 		bands := rapid.IntRange(2, 8).Draw(t, "bands")
 		s := saturationGen().Draw(t, "s")
 		var r rec
-		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: bands, Capacity: 4, Burst: 1, Source: newSat(s)}, &r)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(bands, 4), Burst: 1, Source: newSat(s)}}, &r)
 		opens := make([]int, bands)
 		for tick := 0; tick < 300; tick++ {
 			for b := 0; b < bands; b++ {
@@ -293,7 +258,7 @@ func TestBandsGatedIndependently(t *testing.T) {
 		return flowcontrol.Gate{Ceiling: 1, Every: 1}
 	})
 	var r rec
-	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 3, Capacity: 4, Source: newSat(0), Policy: p}, &r)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(3, 4), Source: newSat(0), Policy: p}}, &r)
 	_ = d.Enqueue(1, 1)
 	_ = d.Enqueue(2, 2)
 	d.Step()
@@ -309,11 +274,7 @@ func TestExpiryAndSkipWithoutBurst(t *testing.T) {
 	dead := map[int]bool{}
 	var r rec
 	sat := newSat(1) // two bands: sheddable blocked
-	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{
-		Bands: 2, Capacity: 16, Burst: 2, Source: sat, Now: clk.Now,
-		MaxWait: []time.Duration{0, 10 * time.Millisecond},
-		Live:    func(i int) bool { return !dead[i] },
-	}, &r)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 16, []time.Duration{0, 10 * time.Millisecond}...), Burst: 2, Source: sat, Now: clk.Now}, Abandoned: func(i int) bool { return dead[i] }}, &r)
 	_ = d.Enqueue(1, 1)
 	clk.Advance(5 * time.Millisecond)
 	_ = d.Enqueue(1, 2)
@@ -347,7 +308,7 @@ func TestExpiryAndSkipWithoutBurst(t *testing.T) {
 func TestPollUsesRemainingBurst(t *testing.T) {
 	var r rec
 	sat := newSat(0.6) // two bands: sheddable every 2
-	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 16, Burst: 2, Source: sat}, &r)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 16), Burst: 2, Source: sat}}, &r)
 	d.Step() // tick 1: band 1 closed (count 1 < 2)
 	_ = d.Enqueue(1, 1)
 	d.Poll()
@@ -384,10 +345,7 @@ func TestPollUsesRemainingBurst(t *testing.T) {
 // dispatch the item.
 func TestRunWakesOnEnqueue(t *testing.T) {
 	got := make(chan int, 1)
-	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-		Bands: 1, Capacity: 4, Source: newSat(0), Tick: time.Hour,
-		Dispatch: func(_, i int) { got <- i },
-	})
+	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(1, 4), Source: newSat(0), Tick: time.Hour}, Dispatch: func(_, i int) { got <- i }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,9 +375,7 @@ func TestRunWakesOnEnqueue(t *testing.T) {
 }
 
 func TestRunContextAndSingleRun(t *testing.T) {
-	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-		Bands: 1, Capacity: 4, Source: newSat(0), Tick: time.Hour, Dispatch: func(int, int) {},
-	})
+	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(1, 4), Source: newSat(0), Tick: time.Hour}, Dispatch: func(int, int) {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,11 +428,7 @@ func TestDispatcherConcurrentExactlyOnce(t *testing.T) {
 		seen[i] = reason
 		mu.Unlock()
 	}
-	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-		Bands: 3, Capacity: 64, Source: newSat(0.7), Burst: 16, Tick: 50 * time.Microsecond,
-		Dispatch: func(_, i int) { note(i, nil) },
-		OnDrop:   func(_, i int, r error) { note(i, r) },
-	})
+	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(3, 64), Source: newSat(0.7), Burst: 16, Tick: 100 * time.Microsecond}, Dispatch: func(_, i int) { note(i, nil) }, OnDrop: func(_, i int, r error) { note(i, r) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,9 +486,7 @@ func TestDispatcherConcurrentExactlyOnce(t *testing.T) {
 // BandCapacity gives each band its own exact capacity (Capacity unused).
 func TestBandCapacity(t *testing.T) {
 	var r rec
-	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{
-		Bands: 3, BandCapacity: []int{1, 5, 2}, Source: newSat(0),
-	}, &r)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsCap([]int{1, 5, 2}), Source: newSat(0)}}, &r)
 	for band, want := range []int{1, 5, 2} {
 		for i := 0; i < want; i++ {
 			if err := d.Enqueue(band, i); err != nil {

@@ -1,2 +1,67 @@
-// Package flowcontrol releases queued requests band by band, gated by a ceiling policy that reads backend saturation.
+// Package flowcontrol decides which already-admitted request an inference
+// proxy sends to its model servers next.
+//
+// # The model
+//
+// Requests wait in priority bands, band 0 the most critical (see
+// BandConfig). Each band is a lock-free ring (package queue), so producers —
+// request handlers — never block and never take a lock. One goroutine runs
+// the dispatcher's ticks: on each tick it reads the backend pool's
+// saturation once from a SaturationSource (0 idle, 1 full, above 1
+// overloaded), sanitises it with Sanitize (the one rule: NaN → 1, negative →
+// 0, above MaxSaturation → MaxSaturation), and asks the CeilingPolicy for
+// every band's Gate.
+//
+// A Gate says how often the band may release: Every 1 means on every tick,
+// Every n on one tick in n, 0 blocked. The dispatcher counts, per band, the
+// ticks since the band last released and opens it when that count reaches
+// Every (not tick % Every), so a band's longest gap is bounded by the
+// largest Every it saw however the saturation moves. An open band releases
+// up to Burst items per tick, FIFO. Between ticks, an Enqueue wakes the
+// dispatcher to spend what the current tick has left, so an item on an open
+// band does not wait for the next tick. With every band empty the dispatcher
+// sleeps, and on waking credits the ticks it slept through: idle costs no
+// CPU and changes no count.
+//
+// The policies are pure functions of (band, bands, saturation): Static
+// (one threshold for every band) and SoftReflective (band 0 never gated;
+// band i's ceiling 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it,
+// blocked at 0). Their maths lives in policy.go; the tick loop in
+// dispatcher.go.
+//
+// # Outcomes
+//
+// Every request that enters a band ends in exactly one outcome: dispatched,
+// or dropped as cancelled (its owner gave up), expired (it waited past the
+// band's MaxWait) or closed (Close). A request that never enters is refused
+// with a sentinel error: ErrQueueFull, ErrClosed, ErrUnknownBand, and, for
+// Controller.Wait, ErrNotRunning or ErrCancelled for a context already done.
+// Stats counts each of them; ControllerConfig.OnOutcome reports each queued
+// outcome with the time waited, before the waiter wakes (package
+// flowmetrics builds its metrics on it).
+//
+// # Two faces
+//
+// Dispatcher[T] is the generic core: items of any type, released through a
+// Dispatch callback and dropped through OnDrop, driven by Step (one tick, for
+// simulators on virtual time) or Run (the real clock). Controller is the
+// blocking facade a proxy handler uses:
+//
+//	done, err := c.Wait(ctx, band) // sleeps until the band releases it
+//	if err != nil { ... }          // refused, expired, cancelled, closed
+//	defer done()                   // the request has finished
+//
+// A Wait whose context ends while queued returns at once and gives its place
+// back at the next tick, even in a blocked band; the Controller resolves the
+// race between that cancellation and a release with a compare-and-swap on
+// the waiter's ticket, so each Wait sees exactly one result.
+//
+// # Concurrency
+//
+// Enqueue and Wait are safe from any number of goroutines. Ticks (Step,
+// Poll, Run) are serialised; Dispatch, OnDrop and OnOutcome run on the
+// ticking goroutine and must not call Step, Poll or Close. Stats may be
+// read at any time; its counters are exact whenever nothing is in progress.
+// The hot path allocates nothing in steady state (a released Wait
+// allocates its done func).
 package flowcontrol

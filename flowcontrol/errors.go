@@ -25,6 +25,10 @@ var (
 	// error returned by Wait also wraps the context's error, so
 	// errors.Is(err, context.Canceled) works too.
 	ErrCancelled = errors.New("flowcontrol: cancelled")
+	// ErrNotRunning is returned by Controller.Wait when no Run is going
+	// and the controller was not configured as Stepped: without a tick
+	// nothing would ever release the request.
+	ErrNotRunning = errors.New("flowcontrol: not running (start Run, or set ControllerConfig.Stepped and call Step)")
 	// ErrRunning is returned by Run when another Run is already going.
 	ErrRunning = errors.New("flowcontrol: already running")
 )

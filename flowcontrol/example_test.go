@@ -16,13 +16,7 @@ func (s constSat) Saturation() float64 { return float64(s) }
 // Two bands at saturation 0.75: critical goes every tick, sheddable on one
 // tick in three. Step drives time, so the output is deterministic.
 func ExampleNewDispatcher() {
-	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[string]{
-		Bands:    2,
-		Capacity: 16,
-		Burst:    1,
-		Source:   constSat(0.75),
-		Dispatch: func(band int, item string) { fmt.Printf("  band %d: %s\n", band, item) },
-	})
+	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[string]{Config: flowcontrol.Config{Bands: bandsOf(2, 16), Burst: 1, Source: constSat(0.75)}, Dispatch: func(band int, item string) { fmt.Printf("  band %d: %s\n", band, item) }})
 	if err != nil {
 		panic(err)
 	}
@@ -71,23 +65,20 @@ func ExampleNewSoftReflective() {
 // A proxy handler waits for its band's turn, then holds an in-flight slot
 // until the request to the backend is finished.
 func ExampleController() {
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands:    2,
-		Capacity: 128,
-		Source:   constSat(0.2),
-		MaxWait:  []time.Duration{0, 30 * time.Second},
-	})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: []flowcontrol.BandConfig{
+		{Name: "critical", Capacity: 128},
+		{Name: "sheddable", Capacity: 128, MaxWait: 30 * time.Second},
+	}, Source: constSat(0.2)}})
 	if err != nil {
 		panic(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(ctx) }()
+	ran := c.Start(ctx) // running before it returns: no Wait sees ErrNotRunning
 
 	handle := func(band int) error {
 		done, err := c.Wait(ctx, band) // sleeps until released
 		if err != nil {
-			return err // ErrCancelled, ErrExpired, ErrQueueFull, ErrClosed, ErrUnknownBand
+			return err // ErrCancelled, ErrExpired, ErrQueueFull, ErrClosed, ErrNotRunning, ErrUnknownBand
 		}
 		defer done()
 		// ... forward the request to a model server ...

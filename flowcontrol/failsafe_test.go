@@ -31,7 +31,7 @@ func TestFailSafeBadSaturation(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			sat := newSat(c.raw)
 			var r rec
-			d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 2, Capacity: 4, Source: sat}, &r)
+			d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 4), Source: sat}}, &r)
 			for band := range 2 {
 				if err := d.Enqueue(band, band); err != nil {
 					t.Fatal(err)

@@ -39,14 +39,12 @@ func (in dispatcherInput) invalidFields() []string {
 	if in.burst < 0 {
 		bad = append(bad, "Burst")
 	}
-	if in.tick < 0 {
+	if in.tick < 0 || in.tick > 0 && in.tick < flowcontrol.MinTick {
 		bad = append(bad, "Tick")
 	}
-	if n := len(in.maxWait); n > 1 && n != in.bands {
-		bad = append(bad, "MaxWait")
-	}
-	for _, w := range in.maxWait {
-		if w < 0 {
+	// bandsOf gives one value to every band, or value i to band i.
+	for i, w := range in.maxWait {
+		if w < 0 && (len(in.maxWait) == 1 || i < in.bands) {
 			bad = append(bad, "MaxWait")
 			break
 		}
@@ -89,6 +87,7 @@ func FuzzNewDispatcher(f *testing.F) {
 	f.Add(2, 16, 0, int64(0), uint8(0), int64(0), int64(0), uint8(0), 0.5)
 	f.Add(4, 3, 2, int64(time.Millisecond), uint8(4), int64(time.Second), int64(0), uint8(0), math.NaN())
 	f.Add(1, 1, 1, int64(1), uint8(1), int64(1), int64(0), uint8(4), math.Inf(1))
+	f.Add(1, 1, 1, int64(flowcontrol.MinTick), uint8(1), int64(math.MaxInt64), int64(0), uint8(4), 1.0)
 	f.Add(0, 16, 0, int64(0), uint8(0), int64(0), int64(0), uint8(0), 0.0)
 	f.Add(flowcontrol.MaxBands+1, 16, 0, int64(0), uint8(0), int64(0), int64(0), uint8(0), 0.0)
 	f.Add(2, 0, 0, int64(0), uint8(0), int64(0), int64(0), uint8(0), 0.0)
@@ -125,11 +124,7 @@ func FuzzNewDispatcher(f *testing.F) {
 		if !in.nilDispatch {
 			dispatch = func(_, item int) { outcomes[item]++ }
 		}
-		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-			Bands: bands, Capacity: capacity, Policy: policy, Source: src, Dispatch: dispatch,
-			Burst: burst, Tick: in.tick, MaxWait: in.maxWait, Now: clk.Now,
-			OnDrop: func(_, item int, _ error) { outcomes[item]++ },
-		})
+		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(bands, capacity, in.maxWait...), Policy: policy, Source: src, Burst: burst, Tick: in.tick, Now: clk.Now}, Dispatch: dispatch, OnDrop: func(_, item int, _ error) { outcomes[item]++ }})
 		checkConfigError(t, "NewDispatcher", err, bad)
 
 		// NewController validates the same fields (it supplies Dispatch).
@@ -137,10 +132,7 @@ func FuzzNewDispatcher(f *testing.F) {
 		cin := in
 		cin.nilDispatch = false
 		if cbad := cin.invalidFields(); len(cbad) > 0 || int64(bands)*int64(capacity) <= 1<<16 {
-			_, cerr := flowcontrol.NewController(flowcontrol.ControllerConfig{
-				Bands: bands, Capacity: capacity, Policy: policy, Source: src,
-				Burst: burst, Tick: in.tick, MaxWait: in.maxWait, Now: clk.Now,
-			})
+			_, cerr := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(bands, capacity, in.maxWait...), Policy: policy, Source: src, Burst: burst, Tick: in.tick, Now: clk.Now}})
 			checkConfigError(t, "NewController", cerr, cbad)
 		}
 		if err != nil {

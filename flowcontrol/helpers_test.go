@@ -1,6 +1,7 @@
 package flowcontrol_test
 
 import (
+	"github.com/flowgate/flowgate/flowcontrol"
 	"math"
 	"runtime"
 	"sync/atomic"
@@ -34,3 +35,31 @@ type event struct {
 // runtimeGosched yields while a test waits for other goroutines to reach a
 // state (not for time to pass).
 func runtimeGosched() { runtime.Gosched() }
+
+// bandsOf returns n bands of the given capacity; maxWait is empty (no
+// limit), one value for every band, or one value per band.
+func bandsOf(n, capacity int, maxWait ...time.Duration) []flowcontrol.BandConfig {
+	if n < 0 {
+		n = 0
+	}
+	b := make([]flowcontrol.BandConfig, n)
+	for i := range b {
+		b[i].Capacity = capacity
+		switch {
+		case len(maxWait) == 1:
+			b[i].MaxWait = maxWait[0]
+		case i < len(maxWait):
+			b[i].MaxWait = maxWait[i]
+		}
+	}
+	return b
+}
+
+// bandsCap returns one band per capacity, with maxWait as in bandsOf.
+func bandsCap(capacity []int, maxWait ...time.Duration) []flowcontrol.BandConfig {
+	b := bandsOf(len(capacity), 0, maxWait...)
+	for i, c := range capacity {
+		b[i].Capacity = c
+	}
+	return b
+}

@@ -63,7 +63,9 @@ type Static struct {
 }
 
 // NewStatic returns the static policy with the given threshold. A NaN
-// threshold is replaced by DefaultStaticThreshold.
+// threshold is replaced by DefaultStaticThreshold. A threshold ≤ 0 blocks
+// every band, band 0 included, at every saturation, forever; NewStatic
+// allows it (a test may want a closed gate), PolicyByName refuses it.
 func NewStatic(threshold float64) *Static {
 	if threshold != threshold {
 		threshold = DefaultStaticThreshold
@@ -161,7 +163,7 @@ const (
 // PolicyByName returns the policy registered under name, configured by
 // params (nil means all defaults):
 //
-//	"static-usage-limit-policy"      param "threshold" (default 1.0, ≥ 0, not NaN)
+//	"static-usage-limit-policy"      param "threshold" (default 1.0, > 0)
 //	"soft-reflective-ceiling-policy" no params
 //
 // Unknown names, unknown params and bad values are errors wrapping
@@ -174,8 +176,11 @@ func PolicyByName(name string, params map[string]float64) (CeilingPolicy, error)
 			if k != "threshold" {
 				return nil, fmt.Errorf("%w: policy %q has no parameter %q", ErrInvalidConfig, name, k)
 			}
-			if v != v || v < 0 {
-				return nil, fmt.Errorf("%w: policy %q: threshold must be a number ≥ 0, got %v", ErrInvalidConfig, name, v)
+			// A threshold ≤ 0 blocks every band, band 0
+			// included, at every saturation: never what a host
+			// means, so it is refused here (NewStatic documents it).
+			if !(v > 0) {
+				return nil, fmt.Errorf("%w: policy %q: threshold must be a number > 0, got %v", ErrInvalidConfig, name, v)
 			}
 			t = v
 		}

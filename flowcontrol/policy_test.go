@@ -239,7 +239,7 @@ func TestDispatcherClampsPolicyEvery(t *testing.T) {
 	for _, tc := range []struct{ every, want int }{{-5, 0}, {flowcontrol.MaxEvery + 7, flowcontrol.MaxEvery}, {3, 3}} {
 		var r rec
 		p := flowcontrol.PolicyFunc(func(int, int, float64) flowcontrol.Gate { return flowcontrol.Gate{Every: tc.every} })
-		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Bands: 1, Capacity: 2, Source: newSat(0), Policy: p}, &r)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(1, 2), Source: newSat(0), Policy: p}}, &r)
 		_ = d.Enqueue(0, 1)
 		d.Step()
 		if got := d.Stats().Bands[0].Gate.Every; got != tc.want || len(r.take()) != 0 {

@@ -169,21 +169,31 @@ func TestSoakController(t *testing.T) {
 	})
 
 	hook := &counter{}
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands:    soakBands,
-		Capacity: 48,
-		Policy:   policy,
-		Source:   src,
-		Burst:    32,
-		Tick:     100 * time.Microsecond,
-		MaxWait:  []time.Duration{0, 4 * time.Millisecond, 2 * time.Millisecond, time.Millisecond},
-		InFlight: hook,
-	})
+	// outcomeHook counts OnOutcome calls per band and outcome (0
+	// dispatched, 1 cancelled, 2 expired, 3 closed, 4 anything else).
+	var outcomeHook [soakBands][5]atomic.Int64
+	onOutcome := func(band int, outcome error, waited time.Duration) {
+		k := 4
+		switch {
+		case outcome == nil:
+			k = 0
+		case errors.Is(outcome, flowcontrol.ErrCancelled):
+			k = 1
+		case errors.Is(outcome, flowcontrol.ErrExpired):
+			k = 2
+		case errors.Is(outcome, flowcontrol.ErrClosed):
+			k = 3
+		}
+		if waited < 0 {
+			k = 4
+		}
+		outcomeHook[band][k].Add(1)
+	}
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(soakBands, 48, []time.Duration{0, 4 * time.Millisecond, 2 * time.Millisecond, time.Millisecond}...), Policy: policy, Source: src, Burst: 32, Tick: 100 * time.Microsecond}, InFlight: hook, OnOutcome: onOutcome})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- c.Run(context.Background()) }()
+	runErr := c.Start(context.Background())
 
 	// The flipper changes the saturation every 200 µs of real time until
 	// the workers are done.
@@ -384,10 +394,25 @@ func TestSoakController(t *testing.T) {
 		// one drop in Stats, under the reason its Wait returned (a
 		// waiter that cancelled is counted as cancelled even when the
 		// dispatcher reaches its ticket by expiry or Close).
+		// The outcome hook was called exactly once per Wait that
+		// entered the queue, with the outcome that Wait returned, and
+		// never for a refusal.
+		oh := &outcomeHook[b]
+		if oh[0].Load() != d || oh[1].Load() != canIn || oh[2].Load() != expIn || oh[3].Load() != clIn || oh[4].Load() != 0 {
+			t.Errorf("band %d: OnOutcome dispatched %d cancelled %d expired %d closed %d other %d; callers saw (in the queue) %d %d %d %d",
+				b, oh[0].Load(), oh[1].Load(), oh[2].Load(), oh[3].Load(), oh[4].Load(), d, canIn, expIn, clIn)
+		}
+		// Refusals at the door are in Stats under their own reason.
+		if bs.Refused.Cancelled != uint64(can-canIn) || bs.Refused.Closed != uint64(cl-clIn) || bs.Refused.NotRunning != 0 {
+			t.Errorf("band %d: Stats refused %+v; callers saw cancelled %d closed %d before the queue", b, bs.Refused, can-canIn, cl-clIn)
+		}
 		if bs.Expired != uint64(expIn) || bs.Cancelled != uint64(canIn) || bs.Closed != uint64(clIn) {
 			t.Errorf("band %d: Stats expired %d cancelled %d closed %d, callers saw (in the queue) expired %d cancelled %d closed %d",
 				b, bs.Expired, bs.Cancelled, bs.Closed, expIn, canIn, clIn)
 		}
+	}
+	if st.UnknownBand != uint64(counts.unknown.Load()) {
+		t.Errorf("Stats unknown band %d, callers saw %d", st.UnknownBand, counts.unknown.Load())
 	}
 	sum := tot.dispatched + tot.cancelled + tot.expired + tot.rejected + tot.closed + counts.unknown.Load() + counts.other.Load()
 	if sum != int64(n) {
@@ -446,9 +471,7 @@ func TestSoakMemoryBounded(t *testing.T) {
 	if soakLong() {
 		overload = 1000 * capacity
 	}
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: capacity, Source: newSat(1e6), Tick: time.Millisecond,
-	})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, capacity), Source: newSat(1e6), Tick: time.Millisecond}, Stepped: true})
 	if err != nil {
 		t.Fatal(err)
 	}

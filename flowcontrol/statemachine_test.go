@@ -147,11 +147,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 			m.counts = append(m.counts, map[string]uint64{})
 		}
 		var r rec
-		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{
-			Bands: bands, Capacity: capacity, Burst: burst, Source: sat, Now: clk.Now,
-			MaxWait: maxWait, Live: func(i int) bool { return !m.dead[i] },
-			Abandoned: func(i int) bool { return m.dead[i] },
-		}, &r)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(bands, capacity, maxWait...), Burst: burst, Source: sat, Now: clk.Now}, Abandoned: func(i int) bool { return m.dead[i] }}, &r)
 		next := 0
 		var queuedIDs []int
 		bandOf := map[int]int{}

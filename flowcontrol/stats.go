@@ -17,8 +17,11 @@ type Stats struct {
 	// Saturation is the sanitised reading of the last tick (0 before the
 	// first).
 	Saturation float64
-	// Ticks counts Step calls (Run's ticks included; Poll excluded).
+	// Ticks counts ticks: Step calls (Run's included; Poll excluded)
+	// plus the ticks Run slept through while every band was empty.
 	Ticks uint64
+	// UnknownBand counts calls refused with ErrUnknownBand.
+	UnknownBand uint64
 	// Bands holds one entry per band, band 0 first.
 	Bands []BandStats
 }
@@ -30,8 +33,19 @@ type BandStats struct {
 	Expired    uint64 // dropped with ErrExpired
 	Cancelled  uint64 // dropped with ErrCancelled
 	Closed     uint64 // dropped with ErrClosed
-	Rejected   uint64 // Enqueue calls refused with ErrQueueFull
-	Gate       Gate   // the gate of the last tick ({1, 1} before the first)
+	Rejected   uint64 // calls refused with ErrQueueFull (the band was full)
+	// Refused counts the other calls refused before the queue.
+	Refused Refusals
+	Gate    Gate // the gate of the last tick ({1, 1} before the first)
+}
+
+// Refusals counts calls that never entered a band's queue, other than
+// ErrQueueFull (BandStats.Rejected), by the error they returned. Refused
+// calls end there: they have no queued outcome and no OnOutcome call.
+type Refusals struct {
+	Closed     uint64 // ErrClosed: the dispatcher was already closed
+	Cancelled  uint64 // ErrCancelled: Controller.Wait's context had already ended
+	NotRunning uint64 // ErrNotRunning: Controller.Wait with no Run going
 }
 
 // Dropped returns the items dropped for any reason.
@@ -43,9 +57,10 @@ func floatBits(f float64) uint64 { return math.Float64bits(f) }
 // Bands slice; it does not take the tick lock.
 func (d *Dispatcher[T]) Stats() Stats {
 	st := Stats{
-		Saturation: math.Float64frombits(d.saturation.Load()),
-		Ticks:      d.ticks.Load(),
-		Bands:      make([]BandStats, len(d.bands)),
+		Saturation:  math.Float64frombits(d.saturation.Load()),
+		Ticks:       d.ticks.Load(),
+		UnknownBand: d.unknown.Load(),
+		Bands:       make([]BandStats, len(d.bands)),
 	}
 	for i := range d.bands {
 		b := &d.bands[i]
@@ -55,7 +70,8 @@ func (d *Dispatcher[T]) Stats() Stats {
 			Expired:    b.expired.Load(),
 			Cancelled:  b.cancelled.Load(),
 			Closed:     b.closed.Load(),
-			Rejected:   b.rejected.Load(),
+			Rejected:   b.full.Load(),
+			Refused:    Refusals{Closed: b.doorClosed.Load()},
 			Gate: Gate{
 				Ceiling: math.Float64frombits(b.ceiling.Load()),
 				Every:   int(b.every.Load()),

@@ -58,9 +58,8 @@ type cell[T any] struct {
 // steps) makes consumers see the ring as empty at that cell until it runs
 // again, even if later cells are full. FIFO order is kept at the price of
 // that stall, which lasts as long as the producer waits for a CPU, up to a
-// scheduler time slice: with 64 producer goroutines on 2 cores, items wait a
-// median of well under a microsecond but milliseconds at p99.9 (see
-// BenchmarkRingStall in the module's bench_test.go). A consumer must
+// scheduler time slice (BenchmarkRingStall in the module's bench_test.go
+// measures it; the README quotes its figures). A consumer must
 // therefore treat a failed TryPop as "nothing available now", not as "the
 // ring is empty" (Len tells those apart), and should not spin on it: a
 // spinning consumer takes the CPU the stalled producer needs.

@@ -1,2 +1,95 @@
-// Package saturation provides sources of backend-pool saturation: settable values, combinators, smoothing, in-flight counters and a Prometheus metrics poller.
+// Package saturation provides sources of backend-pool saturation for a
+// dispatcher to gate on: settable values, combinators, smoothing, an
+// in-flight counter, and a poller of the Prometheus metrics pages of vLLM or
+// SGLang servers. It knows nothing of queues or bands.
+//
+// # Sources
+//
+// A Source reports one number: 0 idle, 1 full, above 1 overloaded. The
+// dispatcher calls Saturation once per tick, so every Source here is safe
+// for concurrent use and reads without I/O, locks or allocation. Func adapts
+// a function; Value is a settable number for hosts that compute saturation
+// themselves.
+//
+// # One sanitising rule, and where it lives
+//
+// Sources report raw values: a Value set to NaN reads NaN, a Func returning
+// −3 reads −3. The one rule that turns any float64 into a saturation a
+// policy can use is flowcontrol.Sanitize (NaN → 1, negative → 0, above
+// flowcontrol.MaxSaturation → that cap), and the dispatcher applies it once
+// per tick, between the source and the gate. This package does not import
+// flowcontrol and does not repeat the rule. What it does guarantee is that
+// no source of its own invents a NaN from sane inputs, and that the
+// composites below have a documented answer for every input.
+//
+// # Composites
+//
+// Max reports the largest of its sources and Mean their unweighted mean. In
+// both, a NaN input counts as 1 (no information is not idle: it can raise
+// the result but never hide a larger value); Mean also counts a negative
+// input as 0, so that one broken source cannot cancel another, and reports
+// +Inf if an input is +Inf or the sum overflows. Neither ever reports NaN.
+//
+// EWMA smooths a source with a half-life in time rather than in samples, so
+// the result does not depend on how often it is read. It averages a NaN
+// sample as 1 and a negative one as 0; a +Inf sample is passed through for
+// that read without entering the average. It therefore never gets stuck:
+// after any input, the next finite sample moves the average again.
+//
+// InFlight counts requests dispatched and not yet finished, over a
+// capacity. It moves the instant a request is sent, which scraped metrics
+// cannot; combine it with a poller through Max.
+//
+// # The poller and its score
+//
+// Poller scrapes each pod's metrics page and scores the pool with Scorer,
+// the reference gateway's formula:
+//
+//	pod  = max(waiting / QueueDepthThreshold, kv / KVUtilThreshold)   defaults 5 and 0.8
+//	pool = unweighted mean of pod over the pods
+//
+// A pod whose reading is stale (older than Scorer.Staleness, default
+// 200 ms), missing (never scraped, or failed with FailFast), or unusable (a
+// NaN, infinite or negative value) scores 1.0, as if full: a pod the poller
+// cannot see is not assumed idle. PodReading.Reason records why a pod is not
+// usable. Scorer.IgnoreStale leaves such pods out of the mean instead. A
+// pool with no pods, or none counted, is 1.
+//
+// In-flight credit (Scorer.InFlightCredit, fed by PollerConfig.InFlight)
+// closes the gap between a dispatch and the next scrape: requests this host
+// has sent to a pod beyond what the pod's metrics show (waiting + running)
+// count as waiting, so a burst released between two scrapes raises the
+// pod's score at the next rescore (every Interval, or the host's own
+// Rescore call) instead of when the pod's metrics finally show it, by which
+// time the dispatcher may have released several more bursts.
+//
+// Run scrapes every endpoint on its own schedule, every Interval, with the
+// endpoints' phases spread over the first interval; each scrape runs under
+// its own Timeout once it holds one of MaxConcurrency slots, and each result
+// updates the pool value as it arrives. The pool is also rescored every
+// Interval, so readings age and in-flight counts are refreshed between
+// results. Poll runs one synchronous round, for tests and simulations;
+// Scorer's methods are pure (time is an argument), so a simulator scores its
+// model on virtual time without a poller at all.
+//
+// ParseMetrics reads the Prometheus text format and OpenMetrics text
+// leniently (a BOM, CRLF line ends, exemplars, timestamps, "# EOF" and
+// families of any type are accepted) and parses only the metric families the
+// scorer needs, with expfmt.
+//
+// # Errors
+//
+// Every constructor error caused by a bad argument or field wraps
+// ErrInvalidConfig and names the field; each field's documentation states
+// its range. Scrape errors are typed (ErrHTTPStatus, ErrBodyTooLarge,
+// ErrParse, ErrMissingMetric, ErrBadValue, context.DeadlineExceeded) and
+// kept per pod in PodReading.Err.
+//
+// # Wiring
+//
+//	poller, err := saturation.NewPoller(saturation.PollerConfig{Endpoints: urls})
+//	...
+//	go poller.Run(ctx)
+//	inflight, _ := saturation.NewInFlight(capacity)
+//	src := saturation.Max(poller, inflight) // the dispatcher reads src once per tick
 package saturation

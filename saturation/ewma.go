@@ -21,9 +21,18 @@ import (
 // at least as often as the signal changes (the dispatcher reads it every
 // tick); a sample taken after a long pause gets a large weight.
 //
+// What it does with values that are not ordinary numbers, so that no input
+// can leave the average stuck: a NaN sample is averaged as 1 (no
+// information counts as full, as in Max and Mean), a negative one as 0; a
+// +Inf sample is not averaged at all: that read reports +Inf (overloaded;
+// the dispatcher caps it) and leaves the average as it was, so the EWMA
+// reads the smoothed value again at the first finite sample. Finite samples,
+// however large, are averaged as they are, and the average always stays
+// within the range of the samples averaged: finite, never NaN.
+//
 // The average is updated by Saturation itself, which samples the inner
 // source. Saturation never blocks: if another goroutine is updating at that
-// moment it returns the last published average. Readers pay one atomic load
+// moment it returns the last published value. Readers pay one atomic load
 // plus, for the updater, one sample, one exp2 and an uncontended TryLock.
 type EWMA struct {
 	src      Source
@@ -63,23 +72,35 @@ func NewEWMA(src Source, halfLife time.Duration, now func() time.Time) (*EWMA, e
 }
 
 // Saturation samples the inner source, folds the sample into the average
-// and returns the average (sanitised, in [0, MaxSaturation]).
+// and returns the average (or +Inf for a +Inf sample; see EWMA).
 func (e *EWMA) Saturation() float64 {
 	if !e.mu.TryLock() {
 		return e.out.Load()
 	}
-	x := Sanitize(e.src.Saturation())
-	t := e.now()
-	if !e.seen {
-		e.avg, e.last, e.seen = x, t, true
-	} else if dt := t.Sub(e.last).Seconds(); dt > 0 {
-		// avg moves toward x by the fraction 1 − 2^(−dt/h); written as
-		// x + (avg − x)·2^(−dt/h) so that it stays within [min, max] of
-		// avg and x under rounding.
-		e.avg = x + (e.avg-x)*math.Exp2(-dt/e.halfLife)
-		e.last = t
+	x := e.src.Saturation()
+	switch {
+	case x != x: // NaN
+		x = 1
+	case x < 0:
+		x = 0
 	}
-	v := Sanitize(e.avg)
+	v := x
+	if !math.IsInf(x, 1) {
+		t := e.now()
+		if !e.seen {
+			e.avg, e.last, e.seen = x, t, true
+		} else if dt := t.Sub(e.last).Seconds(); dt > 0 {
+			// avg moves toward x by the fraction 1 − 2^(−dt/h), as the
+			// convex combination w·avg + (1−w)·x (avg − x could overflow
+			// for huge samples), clamped into [min, max] of the two
+			// against rounding.
+			w := math.Exp2(-dt / e.halfLife)
+			lo, hi := min(e.avg, x), max(e.avg, x)
+			e.avg = min(max(w*e.avg+(1-w)*x, lo), hi)
+			e.last = t
+		}
+		v = e.avg
+	}
 	e.out.Store(v)
 	e.mu.Unlock()
 	return v

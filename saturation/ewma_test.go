@@ -30,20 +30,37 @@ func TestEWMAHalfLife(t *testing.T) {
 	assert.InDelta(t, 0.875, e.Saturation(), 1e-12, "resumes from the latest time seen")
 }
 
-func TestEWMASanitisesInput(t *testing.T) {
+// TestEWMANonFiniteInput: no input leaves the average stuck (see EWMA).
+func TestEWMANonFiniteInput(t *testing.T) {
 	clk := newFakeClock()
 	var v Value
-	e, err := NewEWMA(Func(func() float64 { return v.v.Load() }), time.Second, clk.Now)
+	e, err := NewEWMA(&v, time.Second, clk.Now)
 	require.NoError(t, err)
 	v.Set(math.NaN())
 	assert.Equal(t, 1.0, e.Saturation(), "NaN sample counts as 1")
 	v.Set(math.Inf(1))
 	clk.Advance(time.Second)
-	got := e.Saturation()
-	assert.InDelta(t, (1+MaxSaturation)/2, got, 1e-9, "+Inf counts as MaxSaturation")
+	assert.True(t, math.IsInf(e.Saturation(), 1), "+Inf is reported as it is")
+	v.Set(0)
+	clk.Advance(time.Second)
+	assert.InDelta(t, 0.25, e.Saturation(), 1e-12,
+		"+Inf was not averaged: 0 folds over the 2 s since the last averaged sample")
 	v.Set(-5)
 	clk.Advance(100 * time.Second)
-	assert.InDelta(t, 0, e.Saturation(), 1e-9, "negative counts as 0, and a spike decays")
+	assert.InDelta(t, 0, e.Saturation(), 1e-9, "negative counts as 0")
+	v.Set(math.NaN())
+	clk.Advance(time.Second)
+	assert.InDelta(t, 0.5, e.Saturation(), 1e-9, "NaN again: averaged as 1")
+	v.Set(0.2)
+	clk.Advance(time.Second)
+	assert.InDelta(t, 0.35, e.Saturation(), 1e-9, "and the average moves on: never stuck at NaN")
+	v.Set(math.MaxFloat64)
+	clk.Advance(time.Second)
+	huge := e.Saturation()
+	assert.False(t, math.IsInf(huge, 0) || math.IsNaN(huge), "a huge finite sample keeps the average finite: %v", huge)
+	v.Set(-math.MaxFloat64)
+	clk.Advance(time.Second)
+	assert.InDelta(t, huge/2, e.Saturation(), huge*1e-12, "and decays from it")
 }
 
 // TestEWMAPartitionInvariance is what "time-based" means: feeding a constant
@@ -109,10 +126,23 @@ func TestEWMABounds(t *testing.T) {
 		for i := 0; i < n; i++ {
 			x := genAny().Draw(t, "x")
 			v.Set(x)
-			lo, hi = math.Min(lo, Sanitize(x)), math.Max(hi, Sanitize(x))
 			clk.Advance(time.Duration(rapid.Int64Range(-1e9, 1e10).Draw(t, "dt")))
 			got := e.Saturation()
-			if !inRange(got) || got < lo-1e-9 || got > hi+1e-9 {
+			if math.IsInf(x, 1) {
+				// Not averaged: reported as it is.
+				if !math.IsInf(got, 1) {
+					t.Fatalf("read %d: +Inf sample read %v", i, got)
+				}
+				continue
+			}
+			folded := x // what the EWMA averages (see EWMA)
+			if x != x {
+				folded = 1
+			} else if x < 0 {
+				folded = 0
+			}
+			lo, hi = math.Min(lo, folded), math.Max(hi, folded)
+			if !inRange(got) || got < lo || got > hi {
 				t.Fatalf("read %d: %v outside [%v, %v]", i, got, lo, hi)
 			}
 		}

@@ -16,10 +16,13 @@ func ExampleValue() {
 	var v saturation.Value // the zero value is ready: reads 0
 	v.Set(0.7)
 	fmt.Println(v.Saturation())
-	v.Set(math.NaN()) // a broken computation fails safe
+	v.Set(math.NaN()) // reported raw; the dispatcher reads NaN as 1
 	fmt.Println(v.Saturation())
+	// A NaN inside Max or Mean counts as 1: unknown is not idle.
+	fmt.Println(saturation.Max(&v).Saturation())
 	// Output:
 	// 0.7
+	// NaN
 	// 1
 }
 

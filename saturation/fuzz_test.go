@@ -23,14 +23,20 @@ func (f fuzzPods) RoundTrip(r *http.Request) (*http.Response, error) {
 		Header: http.Header{}, Request: r}, nil
 }
 
-// inRangeSat: a reported saturation is never NaN and within [0, MaxSaturation].
-func inRangeSat(x float64) bool { return x >= 0 && x <= MaxSaturation }
+// inRangeSat: a reported saturation is never NaN nor negative (raw: +Inf is
+// allowed; the dispatcher caps it).
+func inRangeSat(x float64) bool { return validSat(x) }
 
-// scorerValid is the model of Scorer.Validate.
+// scorerValid is the model of Scorer.Validate: zero or a finite threshold
+// > 0, a KV threshold in (0, 1], a staleness of 0 or 1 ms .. 1 h.
 func scorerValid(s Scorer) bool {
-	finite := func(x float64) bool { return x >= 0 && !math.IsInf(x, 1) }
-	return finite(s.QueueDepthThreshold) && finite(s.KVUtilThreshold) && s.Staleness >= 0
+	return s.QueueDepthThreshold >= 0 && !math.IsInf(s.QueueDepthThreshold, 1) &&
+		s.KVUtilThreshold >= 0 && s.KVUtilThreshold <= 1 &&
+		(s.Staleness == 0 || s.Staleness >= time.Millisecond && s.Staleness <= time.Hour)
 }
+
+// durValid: 0 (default) or lo..hi.
+func durValid(d, lo, hi time.Duration) bool { return d == 0 || d >= lo && d <= hi }
 
 // checkErr: an invalid configuration is an ErrInvalidConfig error prefixed
 // with the package name.
@@ -59,6 +65,12 @@ func FuzzNewPoller(f *testing.F) {
 	f.Add(int64(0), int64(0), int64(0), -1.0, 0.0, int64(0), uint8(3), "http://a/metrics", "/relative", "w", "", "w 1\n", 200)
 	f.Add(int64(0), int64(0), int64(0), 0.0, 0.0, int64(0), uint8(12), "http://a/metrics", "", "w", "kv", "w NaN\nkv 0.5\n", 200)
 	f.Add(int64(0), int64(0), int64(0), 0.0, 0.0, int64(0), uint8(0), "http://a/metrics", "", "", "", "garbage {{", 500)
+	f.Add(int64(1), int64(0), int64(0), 0.0, 0.0, int64(0), uint8(0), "http://a/metrics", "", "", "", good, 200)                                     // scrapeInterval: 1ns
+	f.Add(int64(0), int64(0), int64(0), 0.0, 0.0, int64(87600*time.Hour), uint8(0), "http://a/metrics", "", "", "", good, 200)                       // staleness 10 years
+	f.Add(int64(0), int64(time.Second), int64(0), 0.0, 0.0, int64(0), uint8(0), "http://a/metrics", "", "", "", good, 200)                           // timeout > staleness
+	f.Add(int64(0), int64(50*time.Millisecond), int64(0), 0.0, 0.0, int64(40*time.Millisecond), uint8(0), "http://a/metrics", "", "", "", good, 200) // timeout > staleness
+	f.Add(int64(0), int64(0), int64(0), 0.0, 5.0, int64(0), uint8(0), "http://a/metrics", "", "", "", good, 200)                                     // KV threshold 5
+	f.Add(int64(0), int64(0), int64(0), 0.0, 0.0, int64(0), uint8(0), "http://a/metrics", "", "", "", "\xef\xbb\xbf# TYPE vllm:num_requests_waiting gauge\r\nvllm:num_requests_waiting 1 # {a=\"b\"} 1\r\nvllm:kv_cache_usage_perc 0.5\r\n# EOF\r\n", 200)
 	f.Add(int64(0), int64(0), int64(0), 1e-300, 1e300, int64(1), uint8(6), "http://[::1]:80/metrics", "http://a/metrics", "", "kv", "kv +Inf\n", 200)
 	f.Fuzz(func(t *testing.T, interval, timeout, maxBody int64, qd, kv float64, staleness int64, flags uint8,
 		ep1, ep2, waitingName, kvName, body string, status int) {
@@ -86,7 +98,12 @@ func FuzzNewPoller(f *testing.F) {
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		cfg.Now = func() time.Time { return now }
 
-		valid := interval >= 0 && timeout >= 0 && maxBody >= 0 && scorerValid(sc) &&
+		stale := DefaultStaleness
+		if sc.Staleness != 0 {
+			stale = sc.Staleness
+		}
+		valid := durValid(time.Duration(interval), time.Millisecond, time.Hour) &&
+			durValid(time.Duration(timeout), time.Millisecond, stale) && maxBody >= 0 && scorerValid(sc) &&
 			!(sc.InFlightCredit && cfg.InFlight == nil) &&
 			(cfg.Metrics.Waiting == nil && cfg.Metrics.KVUsage == nil ||
 				len(cfg.Metrics.Waiting) > 0 && len(cfg.Metrics.KVUsage) > 0)
@@ -179,21 +196,19 @@ func FuzzScorer(f *testing.F) {
 }
 
 // FuzzSources fuzzes the small constructors and sources: NewEWMA refuses a
-// non-positive half-life, NewInFlight a capacity below 1; Value, EWMA,
-// InFlight, Max and Mean report in-range values for any input, Value reads
-// back Sanitize of what was set, and Sanitize is idempotent.
+// non-positive half-life, NewInFlight a capacity below 1; Value reads back
+// exactly what was set (raw); EWMA, InFlight and Mean are never NaN nor
+// negative (EWMA finite but for a +Inf sample, InFlight finite), Max is
+// never NaN.
 func FuzzSources(f *testing.F) {
 	f.Add(int64(time.Second), 4, 0.5, int64(time.Millisecond), uint8(3))
 	f.Add(int64(0), 0, math.NaN(), int64(0), uint8(0))
 	f.Add(int64(-1), -1, math.Inf(1), int64(-time.Second), uint8(9))
 	f.Add(int64(1), 1, math.Inf(-1), int64(math.MaxInt64), uint8(200))
 	f.Fuzz(func(t *testing.T, halfLife int64, capacity int, x float64, dt int64, incs uint8) {
-		if s := Sanitize(x); !inRangeSat(s) || Sanitize(s) != s {
-			t.Fatalf("Sanitize(%v) = %v", x, s)
-		}
 		var v Value
 		v.Set(x)
-		if got := v.Saturation(); got != Sanitize(x) {
+		if got := v.Saturation(); math.Float64bits(got) != math.Float64bits(x) {
 			t.Fatalf("Value.Set(%v) reads %v", x, got)
 		}
 		clk := newFakeClock()
@@ -202,7 +217,8 @@ func FuzzSources(f *testing.F) {
 		if err == nil {
 			for _, y := range []float64{x, 0, x, 1} {
 				v.Set(y)
-				if got := e.Saturation(); !inRangeSat(got) {
+				got := e.Saturation()
+				if !inRangeSat(got) || math.IsInf(got, 1) != math.IsInf(y, 1) {
 					t.Fatalf("EWMA = %v after %v", got, y)
 				}
 				clk.Advance(time.Duration(dt))
@@ -217,15 +233,16 @@ func FuzzSources(f *testing.F) {
 			for range int(incs) + 2 { // two too many: underflow is counted, not negative
 				in.Dec()
 			}
-			if in.Count() != 0 || in.Underflows() != 2 || !inRangeSat(in.Saturation()) {
+			if in.Count() != 0 || in.Underflows() != 2 || !inRange(in.Saturation()) {
 				t.Fatalf("InFlight after %d Inc, %d Dec: count %d, underflows %d, saturation %v",
 					incs, int(incs)+2, in.Count(), in.Underflows(), in.Saturation())
 			}
 		}
-		for _, s := range []Source{Max(&v, Func(func() float64 { return x })), Mean(&v, Func(func() float64 { return -x }))} {
-			if got := s.Saturation(); !inRangeSat(got) {
-				t.Fatalf("composite = %v for %v", got, x)
-			}
+		if got := Max(&v, Func(func() float64 { return x })).Saturation(); math.IsNaN(got) {
+			t.Fatalf("Max = %v for %v", got, x)
+		}
+		if got := Mean(&v, Func(func() float64 { return -x })).Saturation(); !inRangeSat(got) {
+			t.Fatalf("Mean = %v for %v", got, x)
 		}
 	})
 }

@@ -61,7 +61,7 @@ func (f *InFlight) Count() int64 { return f.n.Load() }
 // export it as an error metric.
 func (f *InFlight) Underflows() int64 { return f.underflow.Load() }
 
-// Saturation returns Count/capacity (sanitised: at most MaxSaturation).
+// Saturation returns Count/capacity: never negative, always finite.
 func (f *InFlight) Saturation() float64 {
-	return Sanitize(float64(f.n.Load()) / f.capacity)
+	return float64(f.n.Load()) / f.capacity
 }

@@ -61,7 +61,7 @@ func TestInFlightModel(t *testing.T) {
 				if f.Count() != count || f.Underflows() != under {
 					t.Fatalf("count %d underflows %d, model %d %d", f.Count(), f.Underflows(), count, under)
 				}
-				if want := Sanitize(float64(count) / float64(capacity)); f.Saturation() != want {
+				if want := float64(count) / float64(capacity); f.Saturation() != want {
 					t.Fatalf("saturation %v, model %v", f.Saturation(), want)
 				}
 			},

@@ -1,10 +1,14 @@
 package saturation
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"strconv"
+	"sync"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -52,18 +56,31 @@ func SGLang() MetricNames {
 	}
 }
 
-// ParseMetrics reads a /metrics body in the Prometheus text exposition
-// format and returns the pod's Reading with OK true and At zero (the caller
-// stamps the time). For each quantity the first candidate name present is
-// used; several series of it (label sets: engines, models) are combined:
+// ParseMetrics reads a /metrics body and returns the pod's Reading with OK
+// true and At zero (the caller stamps the time). It accepts the Prometheus
+// text exposition format and OpenMetrics 1.0 text, leniently: a UTF-8 byte
+// order mark, CRLF line ends, "# EOF", exemplars, sample timestamps, and
+// families of any type (info, stateset, gaugehistogram, unknown, _created
+// series) that are not read. Only the lines of the candidate metrics are
+// parsed (by expfmt's text parser); every other line is only checked to
+// begin like exposition text (a comment, a metric name or a quoted name), so
+// a page that is not exposition text at all (HTML, binary) fails, while one
+// malformed or unfamiliar family elsewhere on the page does not hide the
+// metrics the scorer needs.
+//
+// For each quantity the first candidate name present is used; several series
+// of it (label sets: engines, models) are combined:
 //
 //	Waiting, Running   sum over the series (requests queued on any engine)
 //	KVUsage            maximum over the series (the fullest engine)
 //
-// Only gauge, counter and untyped samples count; a family of another type
-// under a candidate name counts as absent. Effects of bad input:
+// Samples count when their family is typed gauge, counter, untyped or
+// unknown (or not typed at all); a family of another type (histogram,
+// summary, info, ...) under a candidate name counts as absent. Effects of
+// bad input:
 //
-//	body not valid text format               -> ErrParse
+//	not exposition text, or a bad line of a
+//	candidate metric                         -> ErrParse
 //	Waiting or KVUsage absent (all names)    -> ErrMissingMetric
 //	Running absent                           -> Running = 0 (no error)
 //	a used sample NaN, ±Inf or negative      -> ErrBadValue
@@ -74,10 +91,16 @@ func ParseMetrics(body io.Reader, names MetricNames) (Reading, error) {
 	if err := names.validate(); err != nil {
 		return Reading{}, err
 	}
+	f := filters.Get().(*filter)
+	defer f.release()
+	text, err := f.run(body, names)
+	if err != nil {
+		return Reading{}, fmt.Errorf("%w: %w", ErrParse, err)
+	}
 	// UTF8Validation accepts every legal name, including the legacy
 	// scheme's colon names (vllm:...) and quoted UTF-8 names.
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(body)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(text))
 	if err != nil {
 		return Reading{}, fmt.Errorf("%w: %w", ErrParse, err)
 	}
@@ -98,6 +121,305 @@ func ParseMetrics(body io.Reader, names MetricNames) (Reading, error) {
 	}
 	r.OK = true
 	return r, nil
+}
+
+// A filter turns a /metrics page into a small text-format page holding only
+// the samples of the candidate metrics, which expfmt's TextParser then
+// parses. Why not hand the whole page to expfmt: its text parser fails the
+// whole page on one OpenMetrics construct (an exemplar, an info type, a
+// float timestamp), on CRLF and on a BOM, and it builds every family of a
+// page that is mostly histograms the scorer never reads (a 4 MiB page took
+// longer than a scrape timeout); its OpenMetrics decoder is strict (it
+// requires "# EOF", refuses CRLF) and documented as not meant for
+// performance. So the filter does only what neither accepts, line by line:
+// it drops the BOM, the CR of CRLF, comments, timestamps and exemplars, and
+// the lines of other families, and leaves the parsing of names, labels and
+// values to expfmt.
+type filter struct {
+	br      *bufio.Reader
+	long    []byte   // a line longer than br's buffer, assembled
+	out     []byte   // the filtered page
+	samples [][]byte // per wanted name, its sample lines
+	wanted  []string
+	typ     []string // per wanted name, its TYPE ("" when untyped)
+}
+
+var filters = sync.Pool{New: func() any { return &filter{br: bufio.NewReaderSize(nil, 64<<10)} }}
+
+// release returns f to the pool unless it grew large (a one-off huge page
+// must not pin its buffers for the process's life).
+func (f *filter) release() {
+	f.br.Reset(nil)
+	if cap(f.long) > 1<<20 || cap(f.out) > 1<<20 {
+		return
+	}
+	filters.Put(f)
+}
+
+func (f *filter) run(body io.Reader, names MetricNames) ([]byte, error) {
+	f.br.Reset(body)
+	f.wanted, f.typ = f.wanted[:0], f.typ[:0]
+	for _, list := range [][]string{names.Waiting, names.Running, names.KVUsage} {
+		for _, n := range list {
+			if f.index(n) < 0 {
+				f.wanted = append(f.wanted, n)
+				f.typ = append(f.typ, "")
+			}
+		}
+	}
+	for len(f.samples) < len(f.wanted) {
+		f.samples = append(f.samples, nil)
+	}
+	for i := range f.samples {
+		f.samples[i] = f.samples[i][:0]
+	}
+	for lineNo := 1; ; lineNo++ {
+		line, err := f.readLine()
+		if len(line) == 0 && err != nil {
+			if err == io.EOF {
+				break
+			}
+			return nil, err
+		}
+		if lineNo == 1 {
+			line = bytes.TrimPrefix(line, []byte("\xef\xbb\xbf")) // UTF-8 BOM
+		}
+		if err := f.line(line, lineNo); err != nil {
+			return nil, err
+		}
+		if err != nil {
+			if err == io.EOF {
+				break
+			}
+			return nil, err
+		}
+	}
+	f.out = f.out[:0]
+	for i := range f.wanted {
+		switch f.typ[i] {
+		case "", "gauge", "counter", "untyped", "unknown":
+			f.out = append(f.out, f.samples[i]...)
+		}
+		// Any other type: the family counts as absent (see ParseMetrics).
+	}
+	return f.out, nil
+}
+
+// readLine returns the next line without its LF or CRLF; err is io.EOF at
+// the end (with the last, unterminated line, if any).
+func (f *filter) readLine() ([]byte, error) {
+	line, err := f.br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		f.long = append(f.long[:0], line...)
+		for err == bufio.ErrBufferFull {
+			line, err = f.br.ReadSlice('\n')
+			f.long = append(f.long, line...)
+		}
+		line = f.long
+	}
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	return line, err
+}
+
+func (f *filter) index(name string) int {
+	for i, w := range f.wanted {
+		if w == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// indexBytes is index without converting name to a string (a comparison
+// string(b) == s does not allocate; a call argument string(b) would, once
+// per line of the page).
+func (f *filter) indexBytes(name []byte) int {
+	for i, w := range f.wanted {
+		if string(name) == w {
+			return i
+		}
+	}
+	return -1
+}
+
+// line files one line: a TYPE comment of a wanted name records its type, a
+// sample of a wanted name is kept as "name{labels} value", anything else is
+// dropped once it is seen to begin like exposition text.
+func (f *filter) line(line []byte, lineNo int) error {
+	line = bytes.TrimLeft(line, " \t")
+	if len(line) == 0 {
+		return nil
+	}
+	if line[0] == '#' {
+		// "# TYPE name type"; HELP, UNIT, EOF and other comments are
+		// not needed.
+		rest, ok := bytes.CutPrefix(bytes.TrimLeft(line[1:], " \t"), []byte("TYPE"))
+		if !ok || len(rest) == 0 || rest[0] != ' ' && rest[0] != '\t' {
+			return nil
+		}
+		name, typ := field(rest)
+		typ, _ = field(typ)
+		if len(name) == 0 || len(typ) == 0 {
+			return nil
+		}
+		i := -1
+		if name[0] == '"' {
+			if s, err := strconv.Unquote(string(name)); err == nil {
+				i = f.index(s)
+			}
+		} else {
+			i = f.indexBytes(name)
+		}
+		if i >= 0 && f.typ[i] == "" {
+			f.typ[i] = string(typ)
+		}
+		return nil
+	}
+	name, rest, ok := sampleName(line)
+	if !ok {
+		return fmt.Errorf("line %d does not begin like a sample: %.40q", lineNo, line)
+	}
+	i := f.indexBytes(name)
+	if i < 0 {
+		return nil
+	}
+	// rest is what follows the name and the label set: the value, then an
+	// optional timestamp and an optional exemplar ("# {...} v ts"), none
+	// of which the scorer reads. Keep the value only.
+	head := line[:len(line)-len(rest)]
+	value, _ := field(rest)
+	if len(value) == 0 {
+		value = rest // nothing there: expfmt reports the missing value
+	}
+	s := append(f.samples[i], head...)
+	s = append(s, ' ')
+	s = append(s, value...)
+	f.samples[i] = append(s, '\n')
+	return nil
+}
+
+// sampleName splits a sample line into its metric name and what follows the
+// name and its label set. A line that does not begin like a sample (a name
+// character, '{' or a quoted name) is not ok. A label set that never closes leaves
+// rest empty: expfmt reports the truncated line.
+func sampleName(line []byte) (name, rest []byte, ok bool) {
+	c := line[0]
+	switch {
+	case c == '{':
+		// A quoted UTF-8 name: {"name", labels...} v
+		end := labelSetEnd(line)
+		inner := bytes.TrimLeft(line[1:], " \t")
+		if len(inner) == 0 || inner[0] != '"' {
+			return nil, nil, false
+		}
+		q := quotedEnd(inner)
+		if q < 0 {
+			return nil, nil, true // truncated: let expfmt say so
+		}
+		s, err := strconv.Unquote(string(inner[:q]))
+		if err != nil {
+			return nil, nil, true
+		}
+		if end < 0 {
+			return []byte(s), nil, true
+		}
+		return []byte(s), line[end:], true
+	case c == '"':
+		// A quoted name before the label set: "name"{labels} v
+		q := quotedEnd(line)
+		if q < 0 {
+			return nil, nil, true // truncated: let expfmt say so
+		}
+		s, err := strconv.Unquote(string(line[:q]))
+		if err != nil {
+			return nil, nil, true
+		}
+		j := q
+		for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+			j++
+		}
+		if j == len(line) || line[j] != '{' {
+			return []byte(s), line[q:], true
+		}
+		end := labelSetEnd(line[j:])
+		if end < 0 {
+			return []byte(s), nil, true
+		}
+		return []byte(s), line[j+end:], true
+	case isNameByte(c) && !('0' <= c && c <= '9'):
+		// The name ends at the first byte that cannot continue it, as in
+		// expfmt ("name+Inf" is the sample name with the value +Inf).
+		n := 1
+		for n < len(line) && isNameByte(line[n]) {
+			n++
+		}
+		if n == len(line) {
+			return line, nil, true
+		}
+		name := line[:n]
+		// The text format allows blanks between a name and its labels.
+		j := n
+		for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+			j++
+		}
+		if j == len(line) || line[j] != '{' {
+			return name, line[n:], true
+		}
+		end := labelSetEnd(line[j:])
+		if end < 0 {
+			return name, nil, true
+		}
+		return name, line[j+end:], true
+	}
+	return nil, nil, false
+}
+
+// isNameByte: a byte of a legacy metric name, [a-zA-Z0-9_:].
+func isNameByte(c byte) bool {
+	return c == '_' || c == ':' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
+
+// field returns the first blank-separated field of s and what follows it.
+func field(s []byte) (f, rest []byte) {
+	s = bytes.TrimLeft(s, " \t")
+	n := bytes.IndexAny(s, " \t")
+	if n < 0 {
+		return s, nil
+	}
+	return s[:n], s[n:]
+}
+
+// labelSetEnd returns the index just past the '}' closing the label set that
+// opens at s[0] ('{'), skipping quoted strings; -1 if it never closes.
+func labelSetEnd(s []byte) int {
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			q := quotedEnd(s[i:])
+			if q < 0 {
+				return -1
+			}
+			i += q - 1
+		case '}':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// quotedEnd returns the index just past the closing quote of the string
+// opening at s[0] ('"'), honouring backslash escapes; -1 if it never closes.
+func quotedEnd(s []byte) int {
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
 }
 
 // pick combines the samples of the first candidate present: the maximum

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"sync"
@@ -18,6 +19,25 @@ const (
 	DefaultInterval     = 50 * time.Millisecond
 	DefaultTimeout      = 100 * time.Millisecond
 	DefaultMaxBodyBytes = 4 << 20
+	// DefaultMaxConcurrency bounds the scrapes in flight at once. A
+	// scrape mostly waits on the network, so a pool of up to 64 pods is
+	// scraped fully in parallel, as if unbounded; a larger pool is not
+	// allowed to open a socket and hold a body buffer per pod at once (64
+	// sockets stay far inside the common 1,024-descriptor limit, beside
+	// the proxy's own traffic). At 50 ms per endpoint, 64 slots sustain
+	// 1,000 pods as long as a scrape takes under ~3 ms on average.
+	DefaultMaxConcurrency = 64
+)
+
+// Bounds of PollerConfig.Interval and Timeout (Staleness: see Scorer).
+const (
+	// MinInterval is the shortest Interval: scraping a pod more often
+	// than every millisecond costs more than the reading is worth.
+	MinInterval = time.Millisecond
+	// MaxInterval is the longest Interval.
+	MaxInterval = time.Hour
+	// MinTimeout is the shortest Timeout: no scrape completes faster.
+	MinTimeout = time.Millisecond
 )
 
 // Errors of a scrape, wrapped with the endpoint; branch on them with
@@ -38,21 +58,38 @@ type PollerConfig struct {
 	// ("http://10.0.0.7:8000/metrics"). May be empty; change them at run
 	// time with SetEndpoints.
 	Endpoints []string
-	// Interval between the starts of two polling rounds in Run. Default
-	// 50 ms. A round that takes longer delays the next one; rounds never
-	// overlap.
+	// Interval between two scrapes of one endpoint in Run, and between
+	// two rescores of the pool (ageing the readings, refreshing in-flight
+	// counts), in [MinInterval, MaxInterval] (1 ms .. 1 h): a shorter
+	// interval would spend a core on scraping, a longer one leaves every
+	// reading stale for most of it. Default 50 ms. Every endpoint runs on its own schedule:
+	// the first scrapes are spread evenly over the first interval, so a
+	// large pool is scraped at a steady rate rather than in bursts; a
+	// scrape that takes longer than Interval delays only its own
+	// endpoint's next one (scrapes of one endpoint never overlap).
 	Interval time.Duration
-	// Timeout bounds one scrape (connect, headers and body). Default
-	// 100 ms. Keep it below Scorer.Staleness.
+	// Timeout bounds one scrape (connect, headers and body), counted from
+	// when the scrape gets one of the MaxConcurrency slots, so waiting for
+	// a slot in a large pool never eats into it. It must lie in
+	// [MinTimeout, Scorer.Staleness]: a scrape allowed to outlast the
+	// staleness would deliver a reading older than the pod's last one
+	// expired, while the pod read as failed. Default 100 ms, or
+	// Scorer.Staleness if that is shorter.
 	Timeout time.Duration
+	// MaxConcurrency bounds the scrapes in flight at once, over Run and
+	// Poll together; >= 0. Default DefaultMaxConcurrency (64).
+	MaxConcurrency int
 	// MaxBodyBytes caps the body read from one scrape; a longer body
 	// fails with ErrBodyTooLarge. Default 4 MiB.
 	MaxBodyBytes int64
 	// Client performs the requests. Default: a client of the poller's own
-	// (its idle connections are closed when Run returns).
+	// that keeps one idle connection per pod (up to MaxConcurrency per
+	// host), so a pod scraped every Interval is not reconnected every
+	// time; its idle connections are closed when Run returns.
 	Client *http.Client
 	// Now is the clock used to stamp readings and judge staleness.
-	// Default time.Now. Run's ticker runs on real time regardless.
+	// Default time.Now. Run's schedule runs on the runtime's timers
+	// regardless (testing/synctest fakes both).
 	Now func() time.Time
 	// Scorer turns readings into saturation; the zero value is the
 	// reference formula (see Scorer).
@@ -62,26 +99,49 @@ type PollerConfig struct {
 	// InFlight, when set, returns the number of requests this host has
 	// in flight to an endpoint; it feeds Reading.InFlight, which the
 	// Scorer credits when Scorer.InFlightCredit is set. It is called
-	// under the poller's lock at every rescore: keep it fast and do not
+	// under the poller's lock, for one pod when its scrape result
+	// arrives and for every pod at each rescore: keep it fast and do not
 	// call the poller from it.
 	InFlight func(endpoint string) int64
 	// FailFast scores a pod 1 as soon as one scrape fails. By default a
 	// failed scrape keeps the pod's last good reading until it is older
 	// than Scorer.Staleness, so one lost scrape does not jolt the pool.
+	// A scrape that succeeds but reports a NaN, infinite or negative
+	// value (ErrBadValue) scores the pod 1 at once either way: the pod
+	// answered, and what it said is unusable.
 	FailFast bool
 }
+
+// Reasons a pod is not usable, in PodReading.Reason.
+const (
+	// ReasonNotScraped: no scrape of the pod has finished yet.
+	ReasonNotScraped = "not scraped yet"
+	// ReasonScrapeFailed: no good reading is held (the last scrapes
+	// failed with FailFast, or none ever succeeded).
+	ReasonScrapeFailed = "scrape failed"
+	// ReasonBadValue: the reading holds a NaN, infinite or negative value.
+	ReasonBadValue = "bad value"
+	// ReasonStale: the last good reading is older than Scorer.Staleness.
+	ReasonStale = "stale"
+)
 
 // PodReading is a snapshot of one pod's state, for logs and metrics.
 type PodReading struct {
 	Endpoint string
 	// Reading is the last good reading (OK false if none, or after a
-	// failure with FailFast), with InFlight as of the last rescore.
+	// failure with FailFast or a bad value), with InFlight as of the
+	// pod's last rescore.
 	Reading
-	// Score is the pod's saturation at the last rescore.
+	// Score is the pod's saturation at its last rescore.
 	Score float64
-	// Usable reports whether the pod counted on its merits at the last
-	// rescore (false: failed or stale, scored 1 or left out).
+	// Usable reports whether the pod counted on its merits at its last
+	// rescore (false: scored 1, or left out with Scorer.IgnoreStale).
 	Usable bool
+	// Reason says why the pod is not Usable: ReasonNotScraped,
+	// ReasonScrapeFailed, ReasonBadValue (a NaN, infinite or negative
+	// value, parsed or supplied) or ReasonStale; "" when Usable. Err has
+	// the detail of the last scrape.
+	Reason string
 	// Err is the error of the last scrape, nil if it succeeded.
 	Err error
 	// LastAttempt is when the last scrape started (zero: never).
@@ -92,31 +152,51 @@ type PodReading struct {
 	Scrapes int64
 }
 
+// pod is the poller's state of one endpoint.
+type pod struct {
+	PodReading
+	bad       bool      // the last scrape parsed an unusable value
+	lastStart time.Time // start of the newest scrape applied
+	stop      context.CancelFunc
+}
+
 // Poller scrapes the Prometheus metrics pages of a pool of model servers and
 // reports the pool's saturation (see Scorer for the formula and the rules).
 //
-// Saturation is one atomic load of the value computed at the end of the last
-// round (or rescore): no I/O, no lock, no allocation. Before the first round it
-// is 1 (fail safe), and it returns to 1 when Run returns (or Close stops a
-// Start), because nothing keeps the readings fresh any more.
+// Saturation is one atomic load of the pool value, which is updated as each
+// scrape result arrives (the pod's score is replaced in a running sum) and
+// recomputed from every reading at each rescore: no I/O, no lock, no
+// allocation. Before the first result it is 1 (fail safe), and it returns to
+// 1 when Run returns (or Close stops a Start), because nothing keeps the
+// readings fresh any more.
 //
-// Drive it with Run (or Start/Close) on a real ticker, or call Poll for one
-// synchronous round (tests, simulations). Scrapes within a round run
-// concurrently, each bounded by Timeout. No goroutine outlives Poll, Run or
-// Close. The zero value is not usable; call NewPoller.
+// Drive it with Run (or Start/Close): each endpoint is scraped every
+// Interval on its own schedule, each scrape under its own Timeout, at most
+// MaxConcurrency at once, and the pool is rescored every Interval. Or call
+// Poll for one synchronous round (tests, simulations). No goroutine outlives
+// Poll, Run or Close. The zero value is not usable; call NewPoller.
 type Poller struct {
 	cfg     PollerConfig
 	scorer  Scorer
 	ownHTTP bool
 
 	sat atomic.Float64
+	sem chan struct{} // one token per scrape in flight
 
-	round sync.Mutex // serialises rounds
+	round sync.Mutex // serialises Poll calls
 
-	mu      sync.Mutex             // guards pods, order, scratch
-	pods    map[string]*PodReading // by endpoint
-	order   []string
+	mu      sync.Mutex // guards everything below it up to life
+	pods    map[string]*pod
+	order   []*pod
 	scratch []Reading
+	// The pool mean is kept as a running sum over the counted pods,
+	// with infinite scores counted apart so that one +Inf neither
+	// poisons the sum with Inf − Inf nor is lost.
+	sum    float64
+	n, inf int
+	run    *runState // non-nil while Run runs
+
+	onApply func(endpoint string) // test hook: after a scrape result is applied
 
 	running atomic.Bool
 	life    sync.Mutex // guards cancel and done of Start/Close
@@ -124,20 +204,33 @@ type Poller struct {
 	done    chan struct{}
 }
 
+// runState is one Run's: the context its workers derive from and the group
+// it waits for.
+type runState struct {
+	ctx context.Context
+	wg  sync.WaitGroup
+}
+
 // NewPoller validates cfg, applies defaults and returns a stopped poller
 // reporting 1. Errors wrap ErrInvalidConfig and name the field.
 func NewPoller(cfg PollerConfig) (*Poller, error) {
-	if cfg.Interval < 0 {
-		return nil, fmt.Errorf("%w: PollerConfig.Interval must be >= 0, got %v", ErrInvalidConfig, cfg.Interval)
-	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("%w: PollerConfig.Timeout must be >= 0, got %v", ErrInvalidConfig, cfg.Timeout)
-	}
-	if cfg.MaxBodyBytes < 0 {
-		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
+	if cfg.Interval != 0 && (cfg.Interval < MinInterval || cfg.Interval > MaxInterval) {
+		return nil, fmt.Errorf("%w: PollerConfig.Interval must be in [%v, %v] (0 = default %v), got %v",
+			ErrInvalidConfig, MinInterval, MaxInterval, DefaultInterval, cfg.Interval)
 	}
 	if err := cfg.Scorer.Validate(); err != nil {
 		return nil, err // names the Scorer field
+	}
+	staleness := cfg.Scorer.withDefaults().Staleness
+	if cfg.Timeout != 0 && (cfg.Timeout < MinTimeout || cfg.Timeout > staleness) {
+		return nil, fmt.Errorf("%w: PollerConfig.Timeout must be in [%v, Scorer.Staleness = %v] (0 = default %v), got %v",
+			ErrInvalidConfig, MinTimeout, staleness, DefaultTimeout, cfg.Timeout)
+	}
+	if cfg.MaxConcurrency < 0 {
+		return nil, fmt.Errorf("%w: PollerConfig.MaxConcurrency must be >= 0, got %d", ErrInvalidConfig, cfg.MaxConcurrency)
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
 	}
 	if cfg.Scorer.InFlightCredit && cfg.InFlight == nil {
 		return nil, fmt.Errorf("%w: PollerConfig.InFlight must be set when Scorer.InFlightCredit is", ErrInvalidConfig)
@@ -154,17 +247,27 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		cfg.Interval = DefaultInterval
 	}
 	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
+		cfg.Timeout = min(DefaultTimeout, staleness)
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if cfg.MaxConcurrency == 0 {
+		cfg.MaxConcurrency = DefaultMaxConcurrency
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*PodReading{}}
+	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*pod{},
+		sem: make(chan struct{}, cfg.MaxConcurrency)}
 	if cfg.Client == nil {
-		p.cfg.Client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// The default keeps 100 idle connections in all and 2 per host:
+		// a pool of more pods, or a test serving many pods from one
+		// host, would reconnect on nearly every scrape.
+		tr.MaxIdleConns = 0 // no total limit: one per pod
+		tr.MaxIdleConnsPerHost = cfg.MaxConcurrency
+		p.cfg.Client = &http.Client{Transport: tr}
 		p.ownHTTP = true
 	}
 	p.sat.Store(1)
@@ -175,16 +278,17 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	return p, nil
 }
 
-// Saturation returns the pool saturation computed at the end of the last
-// round or rescore; 1 before the first and after Run returns. One atomic
-// load: no I/O, lock or allocation.
+// Saturation returns the pool saturation as of the last scrape result or
+// rescore; 1 before the first and after Run returns. One atomic load: no
+// I/O, lock or allocation.
 func (p *Poller) Saturation() float64 { return p.sat.Load() }
 
-// SetEndpoints replaces the set of endpoints. Pods kept keep their readings;
-// new pods have none yet and score as failed (1, or left out with
-// IgnoreStale) until their first good scrape. Duplicates are merged. The pool
-// is rescored at once (an empty set reads 1). It fails with ErrInvalidConfig,
-// changing nothing, if an endpoint is not an absolute http(s) URL.
+// SetEndpoints replaces the set of endpoints. Pods kept keep their readings
+// (and, while Run runs, their schedules); new pods have none yet and score as
+// failed (1, or left out with IgnoreStale) until their first good scrape,
+// which Run starts at once. Duplicates are merged. The pool is rescored at
+// once (an empty set reads 1). It fails with ErrInvalidConfig, changing
+// nothing, if an endpoint is not an absolute http(s) URL.
 func (p *Poller) SetEndpoints(endpoints []string) error {
 	for i, ep := range endpoints {
 		u, err := url.Parse(ep)
@@ -194,18 +298,27 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pods := make(map[string]*PodReading, len(endpoints))
-	order := make([]string, 0, len(endpoints))
+	pods := make(map[string]*pod, len(endpoints))
+	order := make([]*pod, 0, len(endpoints))
 	for _, ep := range endpoints {
 		if _, dup := pods[ep]; dup {
 			continue
 		}
 		pd := p.pods[ep]
 		if pd == nil {
-			pd = &PodReading{Endpoint: ep, Score: 1}
+			pd = &pod{PodReading: PodReading{Endpoint: ep, Score: 1, Reason: ReasonNotScraped}}
+			if p.run != nil {
+				p.startWorkerLocked(pd, 0)
+			}
 		}
 		pods[ep] = pd
-		order = append(order, ep)
+		order = append(order, pd)
+	}
+	for ep, pd := range p.pods {
+		if pods[ep] == nil && pd.stop != nil {
+			pd.stop()
+			pd.stop = nil
+		}
 	}
 	p.pods, p.order = pods, order
 	p.rescoreLocked()
@@ -216,7 +329,11 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 func (p *Poller) Endpoints() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]string(nil), p.order...)
+	out := make([]string, len(p.order))
+	for i, pd := range p.order {
+		out[i] = pd.Endpoint
+	}
+	return out
 }
 
 // Readings returns a snapshot of every pod's state, in endpoint order.
@@ -224,15 +341,16 @@ func (p *Poller) Readings() []PodReading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]PodReading, len(p.order))
-	for i, ep := range p.order {
-		out[i] = *p.pods[ep]
+	for i, pd := range p.order {
+		out[i] = pd.PodReading
 	}
 	return out
 }
 
 // Rescore recomputes the saturation from the readings held, with the current
 // clock and in-flight counts, without scraping: readings age, and in-flight
-// credit moves between rounds. Every round ends with a rescore.
+// credit moves between scrapes. Run rescores every Interval and every Poll
+// ends with one; the result equals Scorer.Pool over the readings.
 func (p *Poller) Rescore() {
 	p.mu.Lock()
 	p.rescoreLocked()
@@ -242,16 +360,65 @@ func (p *Poller) Rescore() {
 func (p *Poller) rescoreLocked() {
 	now := p.cfg.Now()
 	p.scratch = p.scratch[:0]
-	for _, ep := range p.order {
-		pd := p.pods[ep]
-		if p.cfg.InFlight != nil {
-			pd.InFlight = p.cfg.InFlight(ep)
-		}
-		pd.Score = p.scorer.Pod(pd.Reading, now)
-		pd.Usable = p.scorer.Usable(pd.Reading, now)
+	for _, pd := range p.order {
+		p.scorePodLocked(pd, now)
 		p.scratch = append(p.scratch, pd.Reading)
 	}
+	// Recomputing the sum from scratch also clears the rounding drift the
+	// running sum gathers between rescores.
+	p.sum, p.n, p.inf = 0, 0, 0
+	for _, pd := range p.order {
+		p.countLocked(pd, 1)
+	}
 	p.sat.Store(p.scorer.Pool(p.scratch, now))
+}
+
+// scorePodLocked refreshes one pod's in-flight count, score, usability and
+// reason (not the pool).
+func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
+	if p.cfg.InFlight != nil {
+		pd.InFlight = p.cfg.InFlight(pd.Endpoint)
+	}
+	pd.Score = p.scorer.Pod(pd.Reading, now)
+	pd.Usable = p.scorer.Usable(pd.Reading, now)
+	switch {
+	case pd.Usable:
+		pd.Reason = ""
+	case pd.bad || pd.OK && p.scorer.badValues(pd.Reading):
+		pd.Reason = ReasonBadValue
+	case !pd.OK && pd.Scrapes == 0:
+		pd.Reason = ReasonNotScraped
+	case !pd.OK:
+		pd.Reason = ReasonScrapeFailed
+	default:
+		pd.Reason = ReasonStale
+	}
+}
+
+// countLocked adds (sign 1) or removes (sign −1) a pod's score to or from the
+// running pool sum, as Scorer.Pool would count it.
+func (p *Poller) countLocked(pd *pod, sign int) {
+	if !pd.Usable && p.scorer.IgnoreStale {
+		return
+	}
+	p.n += sign
+	if math.IsInf(pd.Score, 1) {
+		p.inf += sign
+		return
+	}
+	p.sum += float64(sign) * pd.Score
+}
+
+// publishLocked stores the running pool mean.
+func (p *Poller) publishLocked() {
+	switch {
+	case p.n <= 0:
+		p.sat.Store(1)
+	case p.inf > 0:
+		p.sat.Store(math.Inf(1))
+	default:
+		p.sat.Store(max(p.sum, 0) / float64(p.n)) // max: drift below 0
+	}
 }
 
 type scrapeResult struct {
@@ -260,55 +427,93 @@ type scrapeResult struct {
 	err   error
 }
 
-// Poll runs one round synchronously: it scrapes every endpoint concurrently
-// (each bounded by Timeout and by ctx), updates the readings and rescores. It
-// returns the round's scrape errors joined (nil if every scrape succeeded);
-// the saturation is updated either way. Rounds never overlap: a Poll during
-// another waits for it.
+// apply records one scrape result of pd and updates the pool at once.
+func (p *Poller) apply(pd *pod, res scrapeResult) {
+	p.mu.Lock()
+	if p.pods[pd.Endpoint] != pd || res.start.Before(pd.lastStart) {
+		// Removed by SetEndpoints meanwhile, or overtaken by a newer
+		// scrape of the same pod (a Poll beside Run).
+		p.mu.Unlock()
+		return
+	}
+	p.countLocked(pd, -1)
+	pd.lastStart = res.start
+	pd.Scrapes++
+	pd.LastAttempt = res.start
+	pd.Err = res.err
+	pd.bad = errors.Is(res.err, ErrBadValue)
+	if res.err == nil {
+		inflight := pd.InFlight
+		pd.Reading = res.r
+		pd.InFlight = inflight
+		pd.Failures = 0
+	} else {
+		pd.Failures++
+		if p.cfg.FailFast || pd.bad {
+			pd.OK = false
+		}
+	}
+	p.scorePodLocked(pd, p.cfg.Now())
+	p.countLocked(pd, 1)
+	p.publishLocked()
+	hook := p.onApply
+	p.mu.Unlock()
+	if hook != nil {
+		hook(pd.Endpoint)
+	}
+}
+
+// scrapeAndApply takes a concurrency slot, scrapes pd and applies the
+// result. A result cut short because ctx ended is applied only when
+// applyCancelled (Poll reports it; a stopping worker drops it).
+func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled bool) error {
+	var res scrapeResult
+	select {
+	case p.sem <- struct{}{}:
+		res = p.scrape(ctx, pd.Endpoint)
+		<-p.sem
+	case <-ctx.Done():
+		res = scrapeResult{start: p.cfg.Now(),
+			err: fmt.Errorf("saturation: scrape %s: %w", pd.Endpoint, ctx.Err())}
+	}
+	if ctx.Err() != nil && !applyCancelled {
+		return res.err
+	}
+	p.apply(pd, res)
+	return res.err
+}
+
+// Poll runs one round synchronously: it scrapes every endpoint (at most
+// MaxConcurrency at once, each bounded by Timeout and by ctx), applying each
+// result as it arrives, then rescores. It returns the round's scrape errors
+// joined in endpoint order (nil if every scrape succeeded); the saturation
+// is updated either way. Polls never overlap: a Poll during another waits
+// for it. A Poll beside Run shares Run's concurrency slots.
 func (p *Poller) Poll(ctx context.Context) error {
 	p.round.Lock()
 	defer p.round.Unlock()
 
-	eps := p.Endpoints()
-	results := make([]scrapeResult, len(eps))
+	p.mu.Lock()
+	pods := append([]*pod(nil), p.order...)
+	p.mu.Unlock()
+	errs := make([]error, len(pods))
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	for i, ep := range eps {
+	for range min(len(pods), p.cfg.MaxConcurrency) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = p.scrape(ctx, ep)
+			for {
+				i := int(next.Inc() - 1)
+				if i >= len(pods) {
+					return
+				}
+				errs[i] = p.scrapeAndApply(ctx, pods[i], true)
+			}
 		}()
 	}
 	wg.Wait()
-
-	var errs []error
-	p.mu.Lock()
-	for i, ep := range eps {
-		res := results[i]
-		if res.err != nil {
-			errs = append(errs, res.err)
-		}
-		pd := p.pods[ep]
-		if pd == nil {
-			continue // removed by SetEndpoints during the round
-		}
-		pd.Scrapes++
-		pd.LastAttempt = res.start
-		pd.Err = res.err
-		if res.err == nil {
-			inflight := pd.InFlight
-			pd.Reading = res.r
-			pd.InFlight = inflight
-			pd.Failures = 0
-			continue
-		}
-		pd.Failures++
-		if p.cfg.FailFast {
-			pd.OK = false
-		}
-	}
-	p.rescoreLocked()
-	p.mu.Unlock()
+	p.Rescore()
 	return errors.Join(errs...)
 }
 
@@ -382,8 +587,9 @@ func (c *cappedReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// Run polls every Interval until ctx is done, then returns ctx.Err(). The
-// first round starts at once. It fails with ErrRunning if the poller is
+// Run scrapes every endpoint every Interval, each on its own schedule (see
+// PollerConfig.Interval), and rescores the pool every Interval, until ctx is
+// done; then it returns ctx.Err(). It fails with ErrRunning if the poller is
 // already running. When it returns, the saturation reads 1 and no goroutine
 // it started is left.
 func (p *Poller) Run(ctx context.Context) error {
@@ -393,24 +599,81 @@ func (p *Poller) Run(ctx context.Context) error {
 	return p.loop(ctx)
 }
 
-func (p *Poller) loop(ctx context.Context) error {
+func (p *Poller) loop(parent context.Context) error {
 	defer p.running.Store(false)
-	defer func() {
-		p.sat.Store(1)
-		if p.ownHTTP {
-			p.cfg.Client.CloseIdleConnections()
-		}
-	}()
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	rs := &runState{ctx: ctx}
+	p.mu.Lock()
+	p.run = rs
+	// Spread the first scrapes evenly over one interval: endpoints
+	// started together would stay in step, and the whole pool would hit
+	// the concurrency bound at once every interval.
+	n := time.Duration(len(p.order))
+	for i, pd := range p.order {
+		p.startWorkerLocked(pd, time.Duration(i)*p.cfg.Interval/n)
+	}
+	p.mu.Unlock()
+
 	t := time.NewTicker(p.cfg.Interval)
-	defer t.Stop()
-	for {
-		_ = p.Poll(ctx) // errors are per pod, in Readings
+	for done := false; !done; {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			done = true
 		case <-t.C:
+			p.Rescore()
 		}
 	}
+	t.Stop()
+
+	p.mu.Lock()
+	p.run = nil
+	for _, pd := range p.order {
+		pd.stop = nil // cancelled with ctx below
+	}
+	p.mu.Unlock()
+	cancel()
+	rs.wg.Wait()
+	p.sat.Store(1)
+	if p.ownHTTP {
+		p.cfg.Client.CloseIdleConnections()
+	}
+	return parent.Err()
+}
+
+// startWorkerLocked starts pd's scraping goroutine under the running Run:
+// its first scrape after phase, then one every Interval.
+func (p *Poller) startWorkerLocked(pd *pod, phase time.Duration) {
+	rs := p.run
+	ctx, stop := context.WithCancel(rs.ctx)
+	pd.stop = stop
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		defer stop()
+		if phase > 0 {
+			t := time.NewTimer(phase)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		// A Ticker drops ticks for a slow receiver: a scrape slower than
+		// Interval delays this endpoint's next one instead of queueing
+		// a burst behind it.
+		tick := time.NewTicker(p.cfg.Interval)
+		defer tick.Stop()
+		for {
+			_ = p.scrapeAndApply(ctx, pd, false) // errors are per pod, in Readings
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 }
 
 // Start runs the poller in a goroutine of its own until Close. It fails with
@@ -431,7 +694,7 @@ func (p *Poller) Start() error {
 	return nil
 }
 
-// Close stops a poller started with Start and waits for its goroutine (and
+// Close stops a poller started with Start and waits for its goroutines (and
 // any scrape in flight) to finish, then closes the idle connections of the
 // poller's own HTTP client (if it made one). It is idempotent, may be called
 // on a poller never started, and returns nil.

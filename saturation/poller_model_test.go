@@ -46,14 +46,15 @@ type modelPod struct {
 	waiting, kv   float64
 	at            time.Time
 	serveOK       bool // what the pod serves now: good values or a failure
+	serveBad      bool // the failure is a page with a NaN value (ErrBadValue)
 	nextW, nextKV float64
 }
 
 // TestPollerModel is a rapid state machine: pods that change what they serve
 // (good values, 500s, garbage, missing metrics, NaN), a clock that advances,
 // rounds, rescores and endpoint changes, against a direct model of the
-// documented rules (last good reading kept until stale; FailFast; IgnoreStale;
-// empty pool is 1).
+// documented rules (last good reading kept until stale; FailFast; a bad value
+// is unusable at once; IgnoreStale; empty pool is 1).
 func TestPollerModel(t *testing.T) {
 	hosts := []string{"pod-a", "pod-b", "pod-c", "pod-d"}
 	rapid.Check(t, func(t *rapid.T) {
@@ -61,14 +62,45 @@ func TestPollerModel(t *testing.T) {
 		ignoreStale := rapid.Bool().Draw(t, "ignoreStale")
 		fake := &fakePods{status: map[string]int{}, body: map[string]string{}}
 		clk := newFakeClock()
+		// With one slot the results of a round arrive one at a time, so
+		// the running pool sum can be checked after each of them.
+		serial := rapid.Bool().Draw(t, "serial")
+		conc := 0
+		if serial {
+			conc = 1
+		}
 		p, err := NewPoller(PollerConfig{
-			Client:   &http.Client{Transport: fake},
-			Now:      clk.Now,
-			FailFast: failFast,
-			Scorer:   Scorer{IgnoreStale: ignoreStale},
+			Client:         &http.Client{Transport: fake},
+			Now:            clk.Now,
+			FailFast:       failFast,
+			Scorer:         Scorer{IgnoreStale: ignoreStale},
+			MaxConcurrency: conc,
 		})
 		if err != nil {
 			t.Fatal(err)
+		}
+		var hookErr string // set by the hook, which runs on a Poll goroutine
+		if serial {
+			// After each result, the published value is the mean of the
+			// pods' current scores, as counted by the rules (the running
+			// sum matches a recount).
+			p.onApply = func(string) {
+				sum, n := 0.0, 0
+				for _, r := range p.Readings() {
+					if !r.Usable && ignoreStale {
+						continue
+					}
+					sum += r.Score
+					n++
+				}
+				want := 1.0
+				if n > 0 {
+					want = sum / float64(n)
+				}
+				if got := p.Saturation(); math.Abs(got-want) > 1e-12 && hookErr == "" {
+					hookErr = fmt.Sprintf("after a result: saturation %v, mean of pod scores %v", got, want)
+				}
+			}
 		}
 		model := map[string]*modelPod{}
 		for _, h := range hosts {
@@ -103,6 +135,7 @@ func TestPollerModel(t *testing.T) {
 			"serve": func(t *rapid.T) {
 				h := rapid.SampledFrom(hosts).Draw(t, "host")
 				m := model[h]
+				m.serveBad = false
 				switch rapid.IntRange(0, 5).Draw(t, "kind") {
 				case 0, 1, 2:
 					m.serveOK = true
@@ -114,8 +147,10 @@ func TestPollerModel(t *testing.T) {
 					fake.set(h, 503, "unavailable")
 				case 4:
 					m.serveOK = false
-					fake.set(h, 200, rapid.SampledFrom([]string{"garbage {", "vllm:num_requests_waiting 1\n",
-						"vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 0.1\n"}).Draw(t, "badBody"))
+					const nan = "vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 0.1\n"
+					body := rapid.SampledFrom([]string{"garbage {", "vllm:num_requests_waiting 1\n", nan}).Draw(t, "badBody")
+					m.serveBad = body == nan
+					fake.set(h, 200, body)
 				case 5:
 					m.serveOK = false
 					fake.mu.Lock()
@@ -132,7 +167,9 @@ func TestPollerModel(t *testing.T) {
 					m := model[h]
 					if m.serveOK {
 						m.good, m.waiting, m.kv, m.at = true, m.nextW, m.nextKV, clk.Now()
-					} else if failFast {
+					} else if failFast || m.serveBad {
+						// A pod that answers with a bad value is
+						// unusable at once, FailFast or not.
 						m.good = false
 					}
 				}
@@ -163,12 +200,20 @@ func TestPollerModel(t *testing.T) {
 				published = expect()
 			},
 			"": func(t *rapid.T) {
+				if hookErr != "" {
+					t.Fatal(hookErr)
+				}
 				if got := p.Saturation(); math.Abs(got-published) > 1e-12 {
 					t.Fatalf("saturation %v, model %v (pods %v)", got, published, current)
 				}
 				rs := p.Readings()
 				if len(rs) != len(current) {
 					t.Fatalf("%d readings for %d pods", len(rs), len(current))
+				}
+				for _, r := range rs {
+					if r.Usable != (r.Reason == "") {
+						t.Fatalf("pod %s usable %v with reason %q", r.Endpoint, r.Usable, r.Reason)
+					}
 				}
 			},
 		})

@@ -54,12 +54,13 @@ func hang(t *testing.T) http.Handler {
 }
 
 // newTestPoller builds a poller closed at the end of the test. Unless the
-// test sets one, the scrape timeout is generous: a loaded CI machine running
-// the race detector must not turn a healthy pod into a timed-out one.
+// test sets one, the scrape timeout is as generous as the config allows (the
+// staleness, Timeout's upper bound): a loaded CI machine running the race
+// detector must not turn a healthy pod into a timed-out one.
 func newTestPoller(t *testing.T, cfg PollerConfig) *Poller {
 	t.Helper()
 	if cfg.Timeout == 0 {
-		cfg.Timeout = 10 * time.Second
+		cfg.Timeout = cfg.Scorer.withDefaults().Staleness
 	}
 	p, err := NewPoller(cfg)
 	require.NoError(t, err)
@@ -127,10 +128,11 @@ func TestPollerBadEndpoints(t *testing.T) {
 				bad = srv.URL + "/metrics"
 				srv.Close() // nothing listens there any more
 			}
-			// Only the hanging pod needs a short timeout; the others get a
-			// generous one so that a slow (race-instrumented) parse of a
-			// 1 MiB body is not mistaken for a timeout.
-			timeout := 10 * time.Second
+			// Only the hanging pod needs a short timeout; the others get
+			// the longest the default staleness allows, so that a slow
+			// (race-instrumented) read of a 1 MiB body is not mistaken for
+			// a timeout.
+			timeout := DefaultStaleness
 			if c.wantErr == context.DeadlineExceeded {
 				timeout = 50 * time.Millisecond
 			}
@@ -321,34 +323,83 @@ func TestPollerDefaults(t *testing.T) {
 	assert.Equal(t, DefaultInterval, p.cfg.Interval)
 	assert.Equal(t, DefaultTimeout, p.cfg.Timeout)
 	assert.Equal(t, int64(DefaultMaxBodyBytes), p.cfg.MaxBodyBytes)
+	assert.Equal(t, DefaultMaxConcurrency, p.cfg.MaxConcurrency)
 	assert.Equal(t, VLLM(), p.cfg.Metrics)
 	assert.NotNil(t, p.cfg.Client)
 	assert.NotNil(t, p.cfg.Now)
 	assert.Equal(t, 1.0, p.Saturation())
 }
 
+// TestNewPollerValidation covers every configuration rule: each bad value
+// is an ErrInvalidConfig error, prefixed with the package name, naming the
+// field; each edge value is accepted.
 func TestNewPollerValidation(t *testing.T) {
-	cases := map[string]PollerConfig{
-		"Interval":            {Interval: -1},
-		"Timeout":             {Timeout: -1},
-		"MaxBodyBytes":        {MaxBodyBytes: -1},
-		"QueueDepthThreshold": {Scorer: Scorer{QueueDepthThreshold: -2}},
-		"InFlight":            {Scorer: Scorer{InFlightCredit: true}},
-		"KVUsage":             {Metrics: MetricNames{Waiting: []string{"w"}}},
-		"endpoint 0":          {Endpoints: []string{"not a url"}},
+	nan, inf := math.NaN(), math.Inf(1)
+	bad := []struct {
+		field string
+		cfg   PollerConfig
+	}{
+		{"PollerConfig.Interval", PollerConfig{Interval: -1}},
+		{"PollerConfig.Interval", PollerConfig{Interval: time.Nanosecond}}, // scrapeInterval: 1ns
+		{"PollerConfig.Interval", PollerConfig{Interval: MinInterval - 1}},
+		{"PollerConfig.Interval", PollerConfig{Interval: MaxInterval + 1}},
+		{"PollerConfig.Timeout", PollerConfig{Timeout: -1}},
+		{"PollerConfig.Timeout", PollerConfig{Timeout: MinTimeout - 1}},
+		{"PollerConfig.Timeout", PollerConfig{Timeout: DefaultStaleness + 1}},
+		{"PollerConfig.Timeout", PollerConfig{Timeout: 2 * time.Second, Scorer: Scorer{Staleness: time.Second}}},
+		{"PollerConfig.MaxConcurrency", PollerConfig{MaxConcurrency: -1}},
+		{"PollerConfig.MaxBodyBytes", PollerConfig{MaxBodyBytes: -1}},
+		{"Scorer.QueueDepthThreshold", PollerConfig{Scorer: Scorer{QueueDepthThreshold: -2}}},
+		{"Scorer.QueueDepthThreshold", PollerConfig{Scorer: Scorer{QueueDepthThreshold: nan}}},
+		{"Scorer.QueueDepthThreshold", PollerConfig{Scorer: Scorer{QueueDepthThreshold: inf}}},
+		{"Scorer.KVUtilThreshold", PollerConfig{Scorer: Scorer{KVUtilThreshold: 5}}},
+		{"Scorer.KVUtilThreshold", PollerConfig{Scorer: Scorer{KVUtilThreshold: -0.5}}},
+		{"Scorer.KVUtilThreshold", PollerConfig{Scorer: Scorer{KVUtilThreshold: nan}}},
+		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: -1}}},
+		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: time.Nanosecond}}},
+		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: 87600 * time.Hour}}}, // metricsStalenessThreshold: 87600h
+		{"PollerConfig.InFlight", PollerConfig{Scorer: Scorer{InFlightCredit: true}}},
+		{"MetricNames.KVUsage", PollerConfig{Metrics: MetricNames{Waiting: []string{"w"}}}},
+		{"MetricNames.Waiting", PollerConfig{Metrics: MetricNames{KVUsage: []string{"kv"}}}},
+		{"endpoint 0", PollerConfig{Endpoints: []string{"not a url"}}},
 	}
-	for field, cfg := range cases {
-		_, err := NewPoller(cfg)
-		assert.ErrorIs(t, err, ErrInvalidConfig, field)
-		assert.ErrorContains(t, err, field)
+	for _, c := range bad {
+		_, err := NewPoller(c.cfg)
+		assert.ErrorIs(t, err, ErrInvalidConfig, c.field)
+		assert.ErrorContains(t, err, c.field)
+		if err != nil {
+			assert.True(t, strings.HasPrefix(err.Error(), "saturation: "), "%q", err)
+		}
 	}
+	good := map[string]PollerConfig{
+		"zero":                 {},
+		"interval edges":       {Interval: MinInterval},
+		"interval upper edge":  {Interval: MaxInterval},
+		"timeout = staleness":  {Timeout: DefaultStaleness},
+		"timeout lower edge":   {Timeout: MinTimeout},
+		"staleness edges":      {Timeout: MinTimeout, Scorer: Scorer{Staleness: MinStaleness}},
+		"staleness upper edge": {Timeout: time.Hour, Scorer: Scorer{Staleness: MaxStaleness}},
+		"kv threshold 1":       {Scorer: Scorer{KVUtilThreshold: 1}},
+		"credit with InFlight": {Scorer: Scorer{InFlightCredit: true}, InFlight: func(string) int64 { return 0 }},
+	}
+	for name, cfg := range good {
+		p, err := NewPoller(cfg)
+		if assert.NoError(t, err, name) {
+			require.NoError(t, p.Close())
+		}
+	}
+	// An unset Timeout never exceeds a short staleness.
+	p, err := NewPoller(PollerConfig{Scorer: Scorer{Staleness: 50 * time.Millisecond}})
+	require.NoError(t, err)
+	assert.Equal(t, 50*time.Millisecond, p.cfg.Timeout)
+	require.NoError(t, p.Close())
 }
 
 // TestPollerCancelledPoll: cancelling the caller's context ends a round stuck
 // on a hanging pod at once, without waiting for Timeout.
 func TestPollerCancelledPoll(t *testing.T) {
 	ep := serve(t, hang(t))
-	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Timeout: time.Hour})
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Timeout: time.Hour, Scorer: Scorer{Staleness: time.Hour}})
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error)
 	go func() { errc <- p.Poll(ctx) }()
@@ -413,7 +464,7 @@ func TestPollerRun(t *testing.T) {
 func TestPollerConcurrentUse(t *testing.T) {
 	a, _ := vllmPod(t, 0, 0, 0)
 	b, _ := vllmPod(t, 5, 0, 0)
-	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond, Timeout: 10 * time.Second})
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond})
 	require.NoError(t, p.Start())
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -51,12 +51,14 @@ type Reading struct {
 // The zero value is the reference configuration: a zero field takes its
 // default.
 //
-// Rules for a pod (each yields a value in [0, MaxSaturation], never NaN):
+// Rules for a pod (each yields a value >= 0, never NaN; a fresh reading is
+// scored raw, without a cap: the dispatcher applies the one sanitising rule):
 //
 //	OK false (no good scrape yet, or failed)        -> 1 (failed)
 //	now − At > Staleness                            -> 1 (failed)
-//	Waiting, Running or KVUsage NaN or negative     -> 1 (failed)
-//	Waiting or KVUsage +Inf, or score > MaxSat.     -> MaxSaturation
+//	Waiting, Running or KVUsage NaN, ±Inf or
+//	negative                                        -> 1 (failed: unusable)
+//	a formula that overflows (huge finite values)   -> +Inf
 //	InFlight negative                               -> treated as 0
 //	At in the future (clock skew)                   -> fresh
 //
@@ -65,13 +67,19 @@ type Reading struct {
 // safe: no information is not "idle").
 type Scorer struct {
 	// QueueDepthThreshold is the waiting count that alone makes a pod
-	// saturated (1.0). Zero means DefaultQueueDepthThreshold (5).
+	// saturated (1.0): finite and > 0. Zero means
+	// DefaultQueueDepthThreshold (5).
 	QueueDepthThreshold float64
 	// KVUtilThreshold is the KV-cache usage that alone makes a pod
-	// saturated. Zero means DefaultKVUtilThreshold (0.8).
+	// saturated, in (0, 1]: usage is a fraction of the cache, so a
+	// threshold above 1 could never be reached by a pod that is merely
+	// full. Zero means DefaultKVUtilThreshold (0.8).
 	KVUtilThreshold float64
-	// Staleness is the age beyond which a reading counts as failed. Zero
-	// means DefaultStaleness (200 ms).
+	// Staleness is the age beyond which a reading counts as failed, in
+	// [MinStaleness, MaxStaleness] (1 ms .. 1 h): below a millisecond no
+	// scrape over a network stays fresh, and a reading an hour old says
+	// nothing about a pool whose queues move in seconds. Zero means
+	// DefaultStaleness (200 ms).
 	Staleness time.Duration
 	// IgnoreStale leaves failed and stale pods out of the pool mean
 	// instead of scoring them 1.
@@ -80,21 +88,33 @@ type Scorer struct {
 	InFlightCredit bool
 }
 
-// Validate reports a negative, NaN or infinite threshold or a negative
-// staleness as an ErrInvalidConfig error naming the field. Pod and Pool never
-// fail: they treat such a field as its default.
+// Bounds of Scorer.Staleness (and of the poller's Interval and Timeout; see
+// PollerConfig).
+const (
+	// MinStaleness is the shortest Staleness: no scrape over a network
+	// stays fresh for less.
+	MinStaleness = time.Millisecond
+	// MaxStaleness is the longest Staleness: an hour-old reading says
+	// nothing about queues that move in seconds.
+	MaxStaleness = time.Hour
+)
+
+// Validate reports a field outside its documented range (each field's
+// comment; zero always means the default) as an ErrInvalidConfig error
+// naming the field. Pod and Pool never fail: they treat such a field as its
+// default.
 func (s Scorer) Validate() error {
 	if !(s.QueueDepthThreshold >= 0) || s.QueueDepthThreshold > maxFinite {
-		return fmt.Errorf("%w: Scorer.QueueDepthThreshold must be a finite value >= 0 (0 = default %v), got %v",
+		return fmt.Errorf("%w: Scorer.QueueDepthThreshold must be finite and > 0 (0 = default %v), got %v",
 			ErrInvalidConfig, DefaultQueueDepthThreshold, s.QueueDepthThreshold)
 	}
-	if !(s.KVUtilThreshold >= 0) || s.KVUtilThreshold > maxFinite {
-		return fmt.Errorf("%w: Scorer.KVUtilThreshold must be a finite value >= 0 (0 = default %v), got %v",
+	if !(s.KVUtilThreshold >= 0) || s.KVUtilThreshold > 1 {
+		return fmt.Errorf("%w: Scorer.KVUtilThreshold must be in (0, 1] (0 = default %v), got %v",
 			ErrInvalidConfig, DefaultKVUtilThreshold, s.KVUtilThreshold)
 	}
-	if s.Staleness < 0 {
-		return fmt.Errorf("%w: Scorer.Staleness must be >= 0 (0 = default %v), got %v",
-			ErrInvalidConfig, DefaultStaleness, s.Staleness)
+	if s.Staleness != 0 && (s.Staleness < MinStaleness || s.Staleness > MaxStaleness) {
+		return fmt.Errorf("%w: Scorer.Staleness must be in [%v, %v] (0 = default %v), got %v",
+			ErrInvalidConfig, MinStaleness, MaxStaleness, DefaultStaleness, s.Staleness)
 	}
 	return nil
 }
@@ -107,10 +127,10 @@ func (s Scorer) withDefaults() Scorer {
 	if !(s.QueueDepthThreshold > 0) || s.QueueDepthThreshold > maxFinite {
 		s.QueueDepthThreshold = DefaultQueueDepthThreshold
 	}
-	if !(s.KVUtilThreshold > 0) || s.KVUtilThreshold > maxFinite {
+	if !(s.KVUtilThreshold > 0) || s.KVUtilThreshold > 1 {
 		s.KVUtilThreshold = DefaultKVUtilThreshold
 	}
-	if s.Staleness <= 0 {
+	if s.Staleness < MinStaleness || s.Staleness > MaxStaleness {
 		s.Staleness = DefaultStaleness
 	}
 	return s
@@ -153,11 +173,12 @@ func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
 	if n == 0 {
 		return 1
 	}
-	// Every term is in [0, MaxSaturation]: the sum cannot overflow.
-	return Sanitize(sum / float64(n))
+	// Every term is >= 0 (at worst +Inf): the mean is never NaN.
+	return sum / float64(n)
 }
 
-// fresh: a good scrape, no older than Staleness, with sane values.
+// fresh: a good scrape, no older than Staleness, with finite, non-negative
+// values.
 func (s Scorer) fresh(r Reading, now time.Time) bool {
 	if !r.OK || now.Sub(r.At) > s.Staleness {
 		return false
@@ -165,13 +186,18 @@ func (s Scorer) fresh(r Reading, now time.Time) bool {
 	return !isBad(r.Waiting) && !isBad(r.Running) && !isBad(r.KVUsage)
 }
 
+// badValues: a reading holds a value that cannot be a count or a usage.
+func (s Scorer) badValues(r Reading) bool {
+	return isBad(r.Waiting) || isBad(r.Running) || isBad(r.KVUsage)
+}
+
 // score applies the formula to a fresh reading (s has its defaults).
 func (s Scorer) score(r Reading) float64 {
 	waiting := r.Waiting
 	if s.InFlightCredit && r.InFlight > 0 {
-		// Dispatched requests the metrics do not show yet. With Running
-		// or Waiting +Inf the credit is 0, never NaN (Inf − Inf is not
-		// computed: the comparison short-circuits).
+		// Dispatched requests the metrics do not show yet. If Waiting +
+		// Running overflows to +Inf the credit is 0, never NaN (Inf − Inf
+		// is not computed: the comparison short-circuits).
 		if visible := r.Waiting + r.Running; float64(r.InFlight) > visible {
 			waiting += float64(r.InFlight) - visible
 		}
@@ -181,5 +207,5 @@ func (s Scorer) score(r Reading) float64 {
 	if kv > q {
 		q = kv
 	}
-	return Sanitize(q)
+	return q // >= 0, never NaN: inputs are finite and >= 0, thresholds > 0
 }

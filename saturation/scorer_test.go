@@ -2,6 +2,7 @@ package saturation
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,20 +43,27 @@ func TestScorerPodRules(t *testing.T) {
 		{"NaN kv", s, good(0, 0, nan), t0, 1},
 		{"negative waiting", s, good(-1, 0, 0), t0, 1},
 		{"-Inf kv", s, good(0, 0, math.Inf(-1)), t0, 1},
-		{"+Inf waiting", s, good(inf, 0, 0), t0, MaxSaturation},
-		{"+Inf kv", s, good(0, 0, inf), t0, MaxSaturation},
-		{"huge waiting capped", s, good(1e300, 0, 0), t0, MaxSaturation},
+		{"+Inf waiting", s, good(inf, 0, 0), t0, 1},
+		{"+Inf kv", s, good(0, 0, inf), t0, 1},
+		{"+Inf running", s, good(0, inf, 0), t0, 1},
+		{"huge waiting raw", s, good(1e300, 0, 0), t0, 2e299},
+		{"overflow is +Inf", Scorer{QueueDepthThreshold: 1e-300}, good(1e300, 0, 0), t0, inf},
 		{"credit off ignores in-flight", s, withInFlight(good(0, 0, 0), 10), t0, 0},
 		{"credit", credit, withInFlight(good(1, 2, 0), 8), t0, 1.2},                // (1 + 8-3)/5
 		{"credit never negative", credit, withInFlight(good(1, 9, 0), 2), t0, 0.2}, // 1/5
 		{"negative in-flight ignored", credit, withInFlight(good(1, 0, 0), -50), t0, 0.2},
-		{"credit with +Inf running", credit, withInFlight(good(1, inf, 0), 50), t0, 0.2},
+		{"credit with overflowing visible", credit, withInFlight(good(1, math.MaxFloat64, 0), 50), t0, 0.2},
 		{"custom thresholds", Scorer{QueueDepthThreshold: 10, KVUtilThreshold: 0.5}, good(5, 0, 0.2), t0, 0.5},
 		{"custom staleness", Scorer{Staleness: time.Second}, good(0, 0, 0), t0.Add(999 * time.Millisecond), 0},
 		{"bad fields take defaults", Scorer{QueueDepthThreshold: -1, KVUtilThreshold: nan, Staleness: -1}, good(5, 0, 0), t0, 1},
 	}
 	for _, c := range cases {
-		assert.InDelta(t, c.want, c.s.Pod(c.r, c.now), 1e-12, c.name)
+		got := c.s.Pod(c.r, c.now)
+		if math.IsInf(c.want, 1) {
+			assert.True(t, math.IsInf(got, 1), "%s: %v", c.name, got)
+			continue
+		}
+		assert.InDelta(t, c.want, got, 1e-12, c.name)
 	}
 }
 
@@ -79,16 +87,29 @@ func TestScorerPool(t *testing.T) {
 func TestScorerValidate(t *testing.T) {
 	assert.NoError(t, Scorer{}.Validate())
 	assert.NoError(t, Scorer{QueueDepthThreshold: 3, KVUtilThreshold: 0.9, Staleness: time.Second}.Validate())
-	for name, s := range map[string]Scorer{
-		"QueueDepthThreshold": {QueueDepthThreshold: -1},
-		"KVUtilThreshold":     {KVUtilThreshold: math.NaN()},
-		"Staleness":           {Staleness: -time.Millisecond},
+	assert.NoError(t, Scorer{QueueDepthThreshold: 1e-9, KVUtilThreshold: 1, Staleness: MinStaleness}.Validate(), "lower edges")
+	assert.NoError(t, Scorer{QueueDepthThreshold: 1e300, KVUtilThreshold: 1e-9, Staleness: MaxStaleness}.Validate(), "upper edges")
+	for _, c := range []struct {
+		field string
+		s     Scorer
+	}{
+		{"QueueDepthThreshold", Scorer{QueueDepthThreshold: -1}},
+		{"QueueDepthThreshold", Scorer{QueueDepthThreshold: math.NaN()}},
+		{"QueueDepthThreshold", Scorer{QueueDepthThreshold: math.Inf(1)}},
+		{"KVUtilThreshold", Scorer{KVUtilThreshold: math.NaN()}},
+		{"KVUtilThreshold", Scorer{KVUtilThreshold: -0.1}},
+		{"KVUtilThreshold", Scorer{KVUtilThreshold: 1.0000001}},
+		{"KVUtilThreshold", Scorer{KVUtilThreshold: 5}},
+		{"Staleness", Scorer{Staleness: -time.Millisecond}},
+		{"Staleness", Scorer{Staleness: MinStaleness - 1}},
+		{"Staleness", Scorer{Staleness: MaxStaleness + 1}},
+		{"Staleness", Scorer{Staleness: 87600 * time.Hour}},
 	} {
-		err := s.Validate()
-		assert.ErrorIs(t, err, ErrInvalidConfig, name)
-		assert.ErrorContains(t, err, name)
+		err := c.s.Validate()
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", c.s)
+		assert.ErrorContains(t, err, "Scorer."+c.field, "%+v", c.s)
+		assert.True(t, strings.HasPrefix(err.Error(), "saturation: "), "%q", err)
 	}
-	assert.ErrorIs(t, Scorer{QueueDepthThreshold: math.Inf(1)}.Validate(), ErrInvalidConfig)
 }
 
 func TestScorerAllocFree(t *testing.T) {
@@ -142,7 +163,7 @@ func podModel(s Scorer, r Reading) float64 {
 	if s.InFlightCredit {
 		w += math.Max(0, float64(r.InFlight)-(r.Waiting+r.Running))
 	}
-	return math.Min(MaxSaturation, math.Max(w/s.QueueDepthThreshold, r.KVUsage/s.KVUtilThreshold))
+	return math.Max(w/s.QueueDepthThreshold, r.KVUsage/s.KVUtilThreshold)
 }
 
 func TestScorerProperties(t *testing.T) {
@@ -152,16 +173,17 @@ func TestScorerProperties(t *testing.T) {
 		for i := range rs {
 			rs[i] = genReading(t, "pod")
 		}
-		// Bounds: never NaN, Inf or negative.
+		// Bounds: never NaN or negative (raw: +Inf when a formula
+		// overflows; the dispatcher caps it).
 		pool := s.Pool(rs, t0)
-		if !inRange(pool) {
+		if !validSat(pool) {
 			t.Fatalf("pool %v out of range", pool)
 		}
 		// Pool is the mean of Pod over the pods it counts.
 		sum, n := 0.0, 0
 		for _, r := range rs {
 			p := s.Pod(r, t0)
-			if !inRange(p) {
+			if !validSat(p) {
 				t.Fatalf("pod %v out of range for %+v", p, r)
 			}
 			if !s.Usable(r, t0) {
@@ -172,7 +194,7 @@ func TestScorerProperties(t *testing.T) {
 					continue
 				}
 			} else if r.Waiting < math.Inf(1) && r.KVUsage < math.Inf(1) && r.Running < math.Inf(1) {
-				if want := podModel(s, r); math.Abs(p-want) > 1e-9*math.Max(1, want) {
+				if want := podModel(s, r); math.IsInf(p, 1) != math.IsInf(want, 1) || math.Abs(p-want) > 1e-9*math.Max(1, want) {
 					t.Fatalf("pod %v, model %v for %+v", p, want, r)
 				}
 			}
@@ -183,7 +205,7 @@ func TestScorerProperties(t *testing.T) {
 		if n > 0 {
 			want = sum / float64(n)
 		}
-		if math.Abs(pool-want) > 1e-9*math.Max(1, want) {
+		if math.IsInf(pool, 1) != math.IsInf(want, 1) || math.Abs(pool-want) > 1e-9*math.Max(1, want) {
 			t.Fatalf("pool %v, mean of pods %v", pool, want)
 		}
 	})

@@ -11,59 +11,21 @@ import (
 	"pgregory.net/rapid"
 )
 
-func TestSanitize(t *testing.T) {
-	cases := []struct {
-		in, want float64
-	}{
-		{math.NaN(), 1},
-		{math.Inf(-1), 0},
-		{-0.5, 0},
-		{math.Copysign(0, -1), 0},
-		{0, 0},
-		{0.7, 0.7},
-		{1, 1},
-		{3.5, 3.5},
-		{MaxSaturation, MaxSaturation},
-		{MaxSaturation + 1, MaxSaturation},
-		{math.Inf(1), MaxSaturation},
-		{math.MaxFloat64, MaxSaturation},
-	}
-	for _, c := range cases {
-		assert.Equal(t, c.want, Sanitize(c.in), "Sanitize(%v)", c.in)
-	}
-}
-
 // genAny draws float64s that include the special values.
 func genAny() *rapid.Generator[float64] {
 	return rapid.OneOf(
 		rapid.Float64(),
 		rapid.Float64Range(-2, 3),
-		rapid.SampledFrom([]float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, 1, -1, MaxSaturation, math.MaxFloat64}),
+		rapid.SampledFrom([]float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, 1, -1, 100, 1e6, math.MaxFloat64, -math.MaxFloat64}),
 	)
 }
 
-func inRange(x float64) bool { return x >= 0 && x <= MaxSaturation } // false for NaN
+// inRange: finite and not negative (false for NaN).
+func inRange(x float64) bool { return x >= 0 && x <= math.MaxFloat64 }
 
-func TestSanitizeProperties(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		x := genAny().Draw(t, "x")
-		y := Sanitize(x)
-		if !inRange(y) {
-			t.Fatalf("Sanitize(%v) = %v out of range", x, y)
-		}
-		if inRange(x) && y != x {
-			t.Fatalf("Sanitize changed in-range %v to %v", x, y)
-		}
-		if Sanitize(y) != y {
-			t.Fatalf("Sanitize not idempotent at %v", x)
-		}
-		// Monotone over the non-NaN values.
-		z := genAny().Draw(t, "z")
-		if x == x && z == z && x <= z && Sanitize(x) > Sanitize(z) {
-			t.Fatalf("not monotone: %v <= %v but %v > %v", x, z, Sanitize(x), Sanitize(z))
-		}
-	})
-}
+// validSat: a raw saturation a source may report: never NaN nor negative,
+// +Inf allowed (the dispatcher caps it).
+func validSat(x float64) bool { return x >= 0 }
 
 func TestValueZeroAndSet(t *testing.T) {
 	var v Value
@@ -72,12 +34,15 @@ func TestValueZeroAndSet(t *testing.T) {
 	assert.Equal(t, 0.7, v.Saturation())
 	v.Set(2.5)
 	assert.Equal(t, 2.5, v.Saturation(), "overload passes through")
+	// Raw: the dispatcher applies the one sanitising rule.
 	v.Set(math.NaN())
-	assert.Equal(t, 1.0, v.Saturation(), "NaN reads as 1")
+	assert.True(t, math.IsNaN(v.Saturation()), "NaN reads back as NaN")
 	v.Set(-4)
-	assert.Equal(t, 0.0, v.Saturation())
+	assert.Equal(t, -4.0, v.Saturation())
 	v.Set(math.Inf(1))
-	assert.Equal(t, MaxSaturation, v.Saturation())
+	assert.Equal(t, math.Inf(1), v.Saturation())
+	v.Set(1e300)
+	assert.Equal(t, 1e300, v.Saturation())
 }
 
 func TestValueConcurrent(t *testing.T) {
@@ -112,8 +77,8 @@ func TestValueConcurrent(t *testing.T) {
 
 func TestFunc(t *testing.T) {
 	assert.Equal(t, 0.25, Func(func() float64 { return 0.25 }).Saturation())
-	assert.Equal(t, 1.0, Func(func() float64 { return math.NaN() }).Saturation())
-	assert.Equal(t, 0.0, Func(func() float64 { return -1 }).Saturation())
+	assert.True(t, math.IsNaN(Func(func() float64 { return math.NaN() }).Saturation()), "raw")
+	assert.Equal(t, -1.0, Func(func() float64 { return -1 }).Saturation(), "raw")
 	var nilFunc Func
 	assert.Equal(t, 1.0, nilFunc.Saturation(), "nil Func is fail safe")
 }
@@ -130,7 +95,13 @@ func TestMaxMeanRules(t *testing.T) {
 	assert.InDelta(t, 0.5, Mean(constant(0.2), constant(0.8)).Saturation(), 1e-15)
 	assert.Equal(t, 1.0, Max(constant(0.2), constant(math.NaN())).Saturation(), "NaN counts as 1")
 	assert.InDelta(t, 0.6, Mean(constant(0.2), constant(math.NaN())).Saturation(), 1e-15)
-	assert.Equal(t, MaxSaturation, Mean(constant(math.Inf(1)), constant(math.Inf(1))).Saturation())
+	assert.Equal(t, math.Inf(1), Mean(constant(math.Inf(1)), constant(math.Inf(1))).Saturation(), "+Inf: overloaded")
+	assert.Equal(t, math.Inf(1), Mean(constant(math.Inf(1)), constant(math.Inf(-1))).Saturation(), "-Inf counts as 0, cannot cancel +Inf")
+	assert.Equal(t, math.Inf(1), Mean(constant(math.MaxFloat64), constant(math.MaxFloat64)).Saturation(), "overflow: +Inf, not NaN")
+	assert.Equal(t, 0.5, Mean(constant(1), constant(-1e300)).Saturation(), "a negative source cannot hide another")
+	assert.Equal(t, math.Inf(1), Max(constant(0.2), constant(math.Inf(1)), constant(math.NaN())).Saturation())
+	assert.Equal(t, -3.0, Max(constant(-3), constant(math.Inf(-1))).Saturation(), "Max is raw below 0: the dispatcher reads 0")
+	assert.Equal(t, 1.0, Max(constant(math.NaN()), constant(math.NaN())).Saturation(), "all NaN: 1")
 
 	// The slice is copied: later changes by the caller do not leak in.
 	srcs := []Source{constant(0.1)}
@@ -139,27 +110,30 @@ func TestMaxMeanRules(t *testing.T) {
 	assert.Equal(t, 0.1, m.Saturation())
 }
 
-// TestMaxMeanModel compares Max and Mean with a direct model over sanitised
-// inputs, and checks bounds and monotonicity.
+// TestMaxMeanModel compares Max and Mean with a direct model of their
+// documented input rules, and checks bounds and monotonicity.
 func TestMaxMeanModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		xs := rapid.SliceOfN(genAny(), 1, 8).Draw(t, "xs")
 		srcs := make([]Source, len(xs))
-		wantMax, sum := 0.0, 0.0
+		wantMax, sum := math.Inf(-1), 0.0
 		for i, x := range xs {
 			srcs[i] = constant(x)
-			s := Sanitize(x)
-			wantMax = math.Max(wantMax, s)
-			sum += s
+			if x != x { // NaN counts as 1 in both
+				x = 1
+			}
+			wantMax = math.Max(wantMax, x)
+			sum += math.Max(x, 0) // Mean counts a negative as 0
 		}
 		gotMax, gotMean := Max(srcs...).Saturation(), Mean(srcs...).Saturation()
 		if gotMax != wantMax {
 			t.Fatalf("Max = %v, model %v", gotMax, wantMax)
 		}
-		if want := sum / float64(len(xs)); math.Abs(gotMean-want) > 1e-9*math.Max(1, want) {
+		want := sum / float64(len(xs))
+		if math.IsInf(want, 1) != math.IsInf(gotMean, 1) || math.Abs(gotMean-want) > 1e-9*math.Max(1, want) {
 			t.Fatalf("Mean = %v, model %v", gotMean, want)
 		}
-		if !inRange(gotMax) || !inRange(gotMean) || gotMean > gotMax+1e-12 {
+		if math.IsNaN(gotMax) || !validSat(gotMean) || gotMean > math.Max(gotMax, 0)*(1+1e-12)+1e-12 {
 			t.Fatalf("bounds: max %v mean %v", gotMax, gotMean)
 		}
 		// Raising one input never lowers either combinator.
@@ -167,7 +141,7 @@ func TestMaxMeanModel(t *testing.T) {
 		up := rapid.Float64Range(0, 10).Draw(t, "up")
 		if xs[i] == xs[i] { // NaN already reads as 1; raising it is not defined
 			raised := append([]Source(nil), srcs...)
-			raised[i] = constant(Sanitize(xs[i]) + up)
+			raised[i] = constant(xs[i] + up)
 			if Max(raised...).Saturation() < gotMax || Mean(raised...).Saturation() < gotMean-1e-12 {
 				t.Fatalf("raising input %d by %v lowered a combinator", i, up)
 			}

@@ -35,20 +35,18 @@ func (l *level) Saturation() float64 { return math.Float64frombits(l.bits.Load()
 
 func main() {
 	sat := &level{}
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands:    2,
-		Capacity: 64,
-		Source:   sat,
-		Burst:    1,
-		Tick:     time.Millisecond,
-	})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{
+		Bands:  []flowcontrol.BandConfig{{Name: "critical", Capacity: 64}, {Name: "sheddable", Capacity: 64}},
+		Source: sat,
+		Burst:  1,
+		Tick:   time.Millisecond,
+	}})
 	if err != nil {
 		panic(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(ctx) }()
+	ran := c.Start(ctx)
 
 	fmt.Println("saturation  critical released  sheddable released  (200 ms window, 1 ms tick, burst 1)")
 	for _, s := range []float64{0, 0.5, 0.6, 0.75, 0.9, 1, 1.5} {

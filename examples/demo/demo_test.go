@@ -90,7 +90,8 @@ func checkCounts(t *testing.T, results []*PhaseResult) {
 		var outcomes uint64
 		for _, b := range r.Stats.Bands {
 			require.Zero(t, b.Queued)
-			outcomes += b.Dispatched + b.Expired + b.Cancelled + b.Closed + b.Rejected
+			outcomes += b.Dispatched + b.Expired + b.Cancelled + b.Closed + b.Rejected +
+				b.Refused.Closed + b.Refused.Cancelled + b.Refused.NotRunning
 		}
 		require.Equal(t, uint64(sent), outcomes, "%s", r.Policy)
 		require.NotEmpty(t, r.Load.Critical.TTFT)

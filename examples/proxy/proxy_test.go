@@ -302,8 +302,12 @@ func TestMetricsEndpointMatchesStats(t *testing.T) {
 		require.Equal(t, float64(bs.Queued), get("flowgate_queue_depth", "band", name).GetGauge().GetValue())
 		require.Equal(t, bs.Gate.Ceiling, get("flowgate_band_ceiling", "band", name).GetGauge().GetValue())
 		require.Equal(t, float64(bs.Gate.Every), get("flowgate_band_duty_cycle_ticks", "band", name).GetGauge().GetValue())
+		for reason, v := range map[string]uint64{"queue_full": bs.Rejected, "closed": bs.Refused.Closed,
+			"cancelled": bs.Refused.Cancelled, "not_running": bs.Refused.NotRunning} {
+			require.Equal(t, float64(v), get("flowgate_refused_total", "band", name, "reason", reason).GetCounter().GetValue())
+		}
 		for outcome, v := range map[string]uint64{"dispatched": bs.Dispatched, "cancelled": bs.Cancelled,
-			"expired": bs.Expired, "closed": bs.Closed, "rejected": bs.Rejected} {
+			"expired": bs.Expired, "closed": bs.Closed} {
 			require.Equal(t, float64(v), get("flowgate_requests_total", "band", name, "outcome", outcome).GetCounter().GetValue())
 			require.Equal(t, v, get("flowgate_wait_seconds", "band", name, "outcome", outcome).GetHistogram().GetSampleCount())
 		}

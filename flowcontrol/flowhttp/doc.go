@@ -21,8 +21,8 @@
 //  2. Options.Classify, if set, for anything else;
 //  3. Options.DefaultBand.
 //
-// The body's bytes count against the band's byte budget (Options.MaxBytes)
-// while it waits. The request then waits in Controller.Wait; once released,
+// The body's bytes count against the band's byte budget
+// (flowcontrol.BandConfig.MaxBytes) while it waits. The request then waits in Controller.Wait; once released,
 // the wrapped handler runs with the buffered body, and the controller's done
 // is called when the handler returns — the response fully written, streamed
 // or not — or the client left, or the handler panicked (the panic goes on
@@ -43,6 +43,7 @@
 //	queue-bytes-full  429     Retry-After: 1
 //	expired           503     x-should-retry: false: it already waited the band's MaxWait
 //	shutting-down     503     Retry-After: 1 (another replica may take it)
+//	not-running       503     Retry-After: 1 (the controller was not started)
 //	body-too-large    413     x-should-retry: false
 //	body-timeout      408     x-should-retry: false, connection closed
 //	bad-body          400     x-should-retry: false

@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
@@ -19,11 +20,12 @@ import (
 // Gate an existing handler: POSTs wait for their band's turn, GETs pass.
 func ExampleHandler() {
 	var pool saturation.Value // the pool's saturation; a saturation.Poller in production
-	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 2, Capacity: 100, Source: &pool})
+	bands := []flowcontrol.BandConfig{{Name: "critical", Capacity: 100}, {Name: "sheddable", Capacity: 1000}}
+	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: &pool}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go ctrl.Run(context.Background())
+	ctrl.Start(context.Background())
 	defer ctrl.Close()
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "completed") })
 	srv := httptest.NewServer(flowhttp.Handler(ctrl, api, flowhttp.Options{}))
@@ -38,7 +40,7 @@ func ExampleHandler() {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	fmt.Print(resp.Header.Get(flowhttp.BandHeader), " ", string(body))
-	// Output: band0 completed
+	// Output: critical completed
 }
 
 // Wrap an httputil.ReverseProxy: the slot is held until the proxied
@@ -50,15 +52,16 @@ func ExampleHandler_reverseProxy() {
 	defer model.Close()
 
 	var pool saturation.Value
-	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 2, Capacity: 100, Source: &pool})
+	bands := []flowcontrol.BandConfig{{Name: "critical", Capacity: 100}, {Name: "sheddable", Capacity: 1000, MaxWait: time.Minute}}
+	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: &pool}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go ctrl.Run(context.Background())
+	ctrl.Start(context.Background())
 	defer ctrl.Close()
 	target, _ := url.Parse(model.URL)
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }}
-	gate := flowhttp.Handler(ctrl, rp, flowhttp.Options{BandNames: []string{"critical", "sheddable"}, DefaultBand: -1})
+	gate := flowhttp.Handler(ctrl, rp, flowhttp.Options{DefaultBand: -1})
 	srv := httptest.NewServer(gate)
 	defer srv.Close()
 

@@ -40,6 +40,7 @@ const (
 	ReasonBytesFull    = "queue-bytes-full" // 429: the band's byte budget is spent
 	ReasonExpired      = "expired"          // 503: waited the band's MaxWait
 	ReasonShuttingDown = "shutting-down"    // 503: the controller is closed
+	ReasonNotRunning   = "not-running"      // 503: the controller is not running (not started, or stopped)
 	ReasonTooLarge     = "body-too-large"   // 413: body over MaxBodyBytes (or over the band's whole budget)
 	ReasonBodyTimeout  = "body-timeout"     // 408: body slower than MinBodyRate
 	ReasonBadBody      = "bad-body"         // 400: the body could not be read
@@ -54,7 +55,7 @@ const (
 const StatusClientClosed = 499
 
 // Errors in Result.Err beside flowcontrol's (ErrQueueFull, ErrExpired,
-// ErrClosed, ErrCancelled).
+// ErrClosed, ErrCancelled, ErrNotRunning).
 var (
 	// ErrBytesFull: the band's byte budget cannot take the body.
 	ErrBytesFull = errors.New("flowhttp: band byte budget full")
@@ -92,15 +93,11 @@ type Result struct {
 	BodyBytes int
 }
 
-// Options configures Handler. The zero value is usable.
+// Options configures Handler. The zero value is usable. The bands' names
+// and byte budgets come from the controller (flowcontrol.BandConfig's Name
+// and MaxBytes): the bodies of a band's waiting requests together may not
+// exceed its MaxBytes (over it: 429 queue-bytes-full).
 type Options struct {
-	// BandNames names the controller's bands for the default objective
-	// map, BandHeader and messages; default "band<i>".
-	BandNames []string
-	// MaxBytes is each band's byte budget: the bodies of its waiting
-	// requests together may not exceed it (over it: 429
-	// queue-bytes-full). Missing or 0: no budget.
-	MaxBytes []int64
 	// Objectives maps objective header values, case-insensitively, to
 	// bands. Nil: "critical" → 0, "sheddable" → the last band, and every
 	// band's name → itself. A map given replaces the default entirely.
@@ -171,7 +168,7 @@ func Handler(c *flowcontrol.Controller, next http.Handler, opts Options) http.Ha
 		rate:     opts.MinBodyRate,
 		onFinish: opts.OnFinish,
 	}
-	h.bands = bandsOf(c, &opts)
+	h.bands = bandsOf(c)
 	n := len(h.bands)
 	h.used = make([]atomic.Int64, n)
 	h.objectives = map[string]int{}
@@ -411,6 +408,8 @@ func refusalFor(err error) (refusal, bool) {
 		return refusal{http.StatusServiceUnavailable, ReasonExpired, false, false}, true
 	case errors.Is(err, flowcontrol.ErrClosed):
 		return refusal{http.StatusServiceUnavailable, ReasonShuttingDown, true, false}, true
+	case errors.Is(err, flowcontrol.ErrNotRunning):
+		return refusal{http.StatusServiceUnavailable, ReasonNotRunning, true, false}, true
 	case errors.Is(err, ErrBodyTooLarge):
 		// Not closed here: over MaxBodyBytes, net/http closes the
 		// connection itself; over the band's budget the body was read.

@@ -18,9 +18,8 @@ import (
 )
 
 func TestObjectiveHeaderSelectsBand(t *testing.T) {
-	bands := []string{"critical", "Standard", "sheddable"}
-	e := start(t, flowcontrol.ControllerConfig{Bands: 3}, ok, flowhttp.Options{
-		BandNames:   bands,
+	bands := []flowcontrol.BandConfig{band("critical", 0, 0, 0), band("Standard", 0, 0, 0), band("sheddable", 0, 0, 0)}
+	e := start(t, bands, ok, flowhttp.Options{
 		DefaultBand: 1,
 		Classify: func(r *http.Request, body []byte) (int, bool) {
 			if strings.Contains(string(body), "batch") {
@@ -71,8 +70,7 @@ func TestObjectiveHeaderSelectsBand(t *testing.T) {
 }
 
 func TestRefusalsAreOpenAIErrors(t *testing.T) {
-	e := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}, MaxWait: []time.Duration{0, 50 * time.Millisecond}}, ok,
-		flowhttp.Options{BandNames: []string{"critical", "sheddable"}})
+	e := start(t, critShed(1, 50*time.Millisecond, 0), ok, flowhttp.Options{})
 	e.saturate(t, 1) // sheddable blocked
 
 	// expired: 503, not to be retried.
@@ -97,7 +95,7 @@ func TestRefusalsAreOpenAIErrors(t *testing.T) {
 	// request that waits until its context ends.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e2 := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}}, ok, flowhttp.Options{BandNames: []string{"critical", "sheddable"}})
+	e2 := start(t, critShed(1, 0, 0), ok, flowhttp.Options{})
 	e2.saturate(t, 1)
 	errc := make(chan error, 1)
 	go func() { _, _, err := post(t, ctx, e2.srv.URL+"/v1/completions", "sheddable", "{}"); errc <- err }()
@@ -137,7 +135,7 @@ func TestRefusalsAreOpenAIErrors(t *testing.T) {
 }
 
 func TestGatedMethodsAndPaths(t *testing.T) {
-	e := start(t, flowcontrol.ControllerConfig{MaxWait: []time.Duration{0, time.Millisecond}}, ok, flowhttp.Options{DefaultBand: -1})
+	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, time.Millisecond, 0)}, ok, flowhttp.Options{DefaultBand: -1})
 	e.saturate(t, 1) // the last band is blocked: a gated request expires
 	for _, c := range []struct {
 		method, path string
@@ -169,7 +167,7 @@ func TestGatedMethodsAndPaths(t *testing.T) {
 		}
 	}
 	// A custom predicate.
-	e2 := start(t, flowcontrol.ControllerConfig{MaxWait: []time.Duration{0, time.Millisecond}}, ok, flowhttp.Options{
+	e2 := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, time.Millisecond, 0)}, ok, flowhttp.Options{
 		DefaultBand: -1,
 		Gated:       func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") },
 	})
@@ -197,7 +195,7 @@ func TestDoneAfterStreamedResponse(t *testing.T) {
 		<-release
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	})
-	e := start(t, flowcontrol.ControllerConfig{}, stream, flowhttp.Options{})
+	e := start(t, nil, stream, flowhttp.Options{})
 	resp, err := http.Post(e.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader("{}"))
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +240,7 @@ func TestPanicReleasesSlotAndRepanics(t *testing.T) {
 				front.ServeHTTP(w, r)
 			})
 		}
-		e := start(t, flowcontrol.ControllerConfig{}, h, flowhttp.Options{}, catch)
+		e := start(t, nil, h, flowhttp.Options{}, catch)
 		resp, err := http.Post(e.srv.URL+"/v1/completions", "application/json", strings.NewReader("{}"))
 		if err == nil {
 			_, err = io.ReadAll(resp.Body)
@@ -267,7 +265,7 @@ func TestPanicReleasesSlotAndRepanics(t *testing.T) {
 }
 
 func TestByteBudget(t *testing.T) {
-	e := start(t, flowcontrol.ControllerConfig{}, ok, flowhttp.Options{MaxBytes: []int64{0, 100}, DefaultBand: -1})
+	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, 0, 100)}, ok, flowhttp.Options{DefaultBand: -1})
 	e.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -311,7 +309,7 @@ func TestByteBudget(t *testing.T) {
 }
 
 func TestMaxBodyBytes(t *testing.T) {
-	e := start(t, flowcontrol.ControllerConfig{}, ok, flowhttp.Options{MaxBodyBytes: 10})
+	e := start(t, nil, ok, flowhttp.Options{MaxBodyBytes: 10})
 	resp, body, err := post(t, context.Background(), e.srv.URL+"/v1/completions", "", strings.Repeat("x", 11))
 	if err != nil {
 		t.Fatal(err)
@@ -333,7 +331,7 @@ func TestMaxBodyBytes(t *testing.T) {
 func TestSlowBodyCut408(t *testing.T) {
 	called := make(chan struct{}, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called <- struct{}{} })
-	e := start(t, flowcontrol.ControllerConfig{}, h, flowhttp.Options{BodyGrace: 100 * time.Millisecond, MinBodyRate: 100})
+	e := start(t, nil, h, flowhttp.Options{BodyGrace: 100 * time.Millisecond, MinBodyRate: 100})
 	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +394,7 @@ func TestExpectAnd1xxAndOwnHeaders(t *testing.T) {
 		w.Header().Set(flowhttp.DroppedReasonHeader, "queue-full")
 		w.WriteHeader(http.StatusTooManyRequests)
 	})
-	e := start(t, flowcontrol.ControllerConfig{}, h, flowhttp.Options{})
+	e := start(t, nil, h, flowhttp.Options{})
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/completions", strings.NewReader("{}"))
 	req.Header.Set("Expect", "100-continue")
 	resp, err := http.DefaultClient.Do(req)
@@ -417,7 +415,7 @@ func TestExpectAnd1xxAndOwnHeaders(t *testing.T) {
 }
 
 func TestInvalidOptionsPanic(t *testing.T) {
-	e := start(t, flowcontrol.ControllerConfig{}, ok, flowhttp.Options{})
+	e := start(t, nil, ok, flowhttp.Options{})
 	for name, o := range map[string]flowhttp.Options{
 		"objective": {Objectives: map[string]int{"x": 2}},
 		"default":   {DefaultBand: 2},

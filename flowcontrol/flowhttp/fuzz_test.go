@@ -26,17 +26,15 @@ func FuzzHandler(f *testing.F) {
 	f.Add("POST", "\xff\xfe", "", "\x00")
 	var pool saturation.Value
 	pool.Set(1) // the last band is blocked: its requests expire at once
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 3, Capacity: 8, Source: &pool, MaxWait: []time.Duration{0, time.Millisecond, time.Millisecond}})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Source: &pool, Bands: []flowcontrol.BandConfig{
+		band("critical", 8, 0, 0), band("standard", 8, time.Millisecond, 0), band("sheddable", 8, time.Millisecond, 200)}}})
 	if err != nil {
 		f.Fatal(err)
 	}
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = c.Run(context.Background()) }()
+	ran := c.Start(context.Background())
 	f.Cleanup(func() { c.Close(); <-ran })
 	names := []string{"critical", "standard", "sheddable"}
 	h := flowhttp.Handler(c, ok, flowhttp.Options{
-		BandNames:    names,
-		MaxBytes:     []int64{0, 0, 200},
 		MaxBodyBytes: 256,
 		Classify: func(_ *http.Request, body []byte) (int, bool) {
 			var v struct{ Priority int }

@@ -28,23 +28,18 @@ type env struct {
 // next through Handler. Saturation 1 blocks the last band under the
 // default soft-reflective policy; band 0 always passes.
 // wrap, if given, wraps the gate (to count or catch what reaches it).
-func start(t testing.TB, cfg flowcontrol.ControllerConfig, next http.Handler, opts flowhttp.Options, wrap ...func(http.Handler) http.Handler) *env {
+func start(t testing.TB, bands []flowcontrol.BandConfig, next http.Handler, opts flowhttp.Options, wrap ...func(http.Handler) http.Handler) *env {
 	t.Helper()
 	e := &env{pool: new(saturation.Value), finished: make(chan flowhttp.Result, 1024)}
-	if cfg.Bands == 0 {
-		cfg.Bands = 2
+	if bands == nil {
+		bands = []flowcontrol.BandConfig{{Capacity: 16}, {Capacity: 16}} // band0, band1
 	}
-	if cfg.Capacity == 0 && cfg.BandCapacity == nil {
-		cfg.Capacity = 16
-	}
-	cfg.Source = e.pool
-	ctrl, err := flowcontrol.NewController(cfg)
+	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: e.pool}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.ctrl = ctrl
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = ctrl.Run(context.Background()) }()
+	ran := ctrl.Start(context.Background())
 	user := opts.OnFinish
 	opts.OnFinish = func(r *http.Request, res flowhttp.Result) {
 		if user != nil {
@@ -151,4 +146,17 @@ func (e *env) saturate(t testing.TB, v float64) {
 	t.Helper()
 	e.pool.Set(v)
 	waitFor(t, "a tick to read the saturation", func() bool { return e.ctrl.Stats().Saturation == v })
+}
+
+// band is a BandConfig of capacity 16 unless given otherwise.
+func band(name string, capacity int, maxWait time.Duration, maxBytes int64) flowcontrol.BandConfig {
+	if capacity == 0 {
+		capacity = 16
+	}
+	return flowcontrol.BandConfig{Name: name, Capacity: capacity, MaxWait: maxWait, MaxBytes: maxBytes}
+}
+
+// critShed is the usual two bands: critical and sheddable.
+func critShed(shedCap int, shedWait time.Duration, shedBytes int64) []flowcontrol.BandConfig {
+	return []flowcontrol.BandConfig{band("critical", 4, 0, 0), band("sheddable", shedCap, shedWait, shedBytes)}
 }

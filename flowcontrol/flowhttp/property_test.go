@@ -18,15 +18,13 @@ import (
 )
 
 // runCtrl starts a controller of n open bands for one rapid check.
-func runCtrl(t *rapid.T, cfg flowcontrol.ControllerConfig) (*flowcontrol.Controller, *saturation.Value, func()) {
+func runCtrl(t *rapid.T, bands []flowcontrol.BandConfig) (*flowcontrol.Controller, *saturation.Value, func()) {
 	pool := new(saturation.Value)
-	cfg.Source = pool
-	c, err := flowcontrol.NewController(cfg)
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: pool}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = c.Run(context.Background()) }()
+	ran := c.Start(context.Background())
 	return c, pool, func() { c.Close(); <-ran }
 }
 
@@ -35,17 +33,17 @@ func runCtrl(t *rapid.T, cfg flowcontrol.ControllerConfig) (*flowcontrol.Control
 // "sheddable" → last, else the classifier, else the default band.
 func TestPropertyHeaderToBand(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		n := rapid.IntRange(1, 5).Draw(t, "bands")
-		names := make([]string, n)
-		for i := range names {
-			names[i] = rapid.StringMatching(`[a-zA-Z]{1,3}|critical|sheddable|CRITICAL`).Draw(t, "name")
+		names := rapid.SliceOfNDistinct(rapid.StringMatching(`[a-zA-Z]{1,3}|critical|sheddable|CRITICAL`), 1, 5, rapid.ID[string]).Draw(t, "names")
+		n := len(names)
+		bands := make([]flowcontrol.BandConfig, n)
+		for i, name := range names {
+			bands[i] = flowcontrol.BandConfig{Name: name, Capacity: 4}
 		}
 		def := rapid.IntRange(-n, n-1).Draw(t, "default")
 		classified := rapid.IntRange(-1, n).Draw(t, "classified") // -1: declines; n: out of range
-		c, _, stop := runCtrl(t, flowcontrol.ControllerConfig{Bands: n, Capacity: 4})
+		c, _, stop := runCtrl(t, bands)
 		defer stop()
 		h := flowhttp.Handler(c, ok, flowhttp.Options{
-			BandNames:   names,
 			DefaultBand: def,
 			Classify: func(*http.Request, []byte) (int, bool) {
 				return classified, classified >= 0
@@ -95,15 +93,15 @@ func TestPropertyOneOutcomeEach(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		var mu sync.Mutex
 		results := map[string]int{}
-		c, pool, stop := runCtrl(t, flowcontrol.ControllerConfig{
-			Bands:    2,
-			Capacity: rapid.IntRange(1, 4).Draw(t, "capacity"),
-			MaxWait:  []time.Duration{0, time.Duration(rapid.IntRange(1, 20).Draw(t, "maxWaitMs")) * time.Millisecond},
+		capacity := rapid.IntRange(1, 4).Draw(t, "capacity")
+		c, pool, stop := runCtrl(t, []flowcontrol.BandConfig{
+			{Capacity: capacity},
+			{Capacity: capacity, MaxWait: time.Duration(rapid.IntRange(1, 20).Draw(t, "maxWaitMs")) * time.Millisecond,
+				MaxBytes: int64(rapid.IntRange(1, 64).Draw(t, "maxBytes"))},
 		})
 		defer stop()
 		pool.Set(rapid.SampledFrom([]float64{0, 0.7, 1}).Draw(t, "saturation"))
 		h := flowhttp.Handler(c, ok, flowhttp.Options{
-			MaxBytes:     []int64{0, int64(rapid.IntRange(1, 64).Draw(t, "maxBytes"))},
 			MaxBodyBytes: 56, // not exceeded: net/http lingers 500 ms on each connection it closes for a large body
 			OnFinish: func(_ *http.Request, res flowhttp.Result) {
 				mu.Lock()

@@ -15,7 +15,6 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 )
 
@@ -64,7 +63,7 @@ func sdkClient(url string, opts ...option.RequestOption) openai.Client {
 }
 
 func TestOpenAISDKThroughHandler(t *testing.T) {
-	e := start(t, flowcontrol.ControllerConfig{}, openAIStub, flowhttp.Options{})
+	e := start(t, nil, openAIStub, flowhttp.Options{})
 	c := sdkClient(e.srv.URL, option.WithHeader(flowhttp.ObjectiveHeader, "critical"))
 	ctx := context.Background()
 	prompt := openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}
@@ -114,8 +113,7 @@ func counting(n *atomic.Int64, h http.Handler) http.Handler {
 
 func TestOpenAISDKDecodesRefusals(t *testing.T) {
 	var hits atomic.Int64
-	e := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}, MaxWait: []time.Duration{0, 30 * time.Millisecond}}, openAIStub,
-		flowhttp.Options{BandNames: []string{"critical", "sheddable"}}, func(h http.Handler) http.Handler { return counting(&hits, h) })
+	e := start(t, critShed(1, 30*time.Millisecond, 0), openAIStub, flowhttp.Options{}, func(h http.Handler) http.Handler { return counting(&hits, h) })
 	e.saturate(t, 1) // sheddable blocked
 	prompt := openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}
 	params := openai.CompletionNewParams{Model: "m", Prompt: prompt}
@@ -136,7 +134,7 @@ func TestOpenAISDKDecodesRefusals(t *testing.T) {
 	}
 
 	// 429 queue-full: fill the one sheddable place, then ask again.
-	e2 := start(t, flowcontrol.ControllerConfig{BandCapacity: []int{4, 1}}, openAIStub, flowhttp.Options{BandNames: []string{"critical", "sheddable"}})
+	e2 := start(t, critShed(1, 0, 0), openAIStub, flowhttp.Options{})
 	e2.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -10,17 +10,25 @@ import (
 	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
 )
 
-// Register a controller's metrics and time its waits through the collector.
+// Make the collector, install it as the controller's outcome hook, bind it,
+// register it: every Wait is then counted and timed.
 func Example() {
+	col, err := flowmetrics.New(2, flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
+	if err != nil {
+		panic(err)
+	}
 	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 64, Source: &satValue{},
+		Config: flowcontrol.Config{
+			Bands:  []flowcontrol.BandConfig{{Name: "critical", Capacity: 64}, {Name: "sheddable", Capacity: 64}},
+			Source: &satValue{},
+		},
+		OnOutcome: col.OnOutcome,
 	})
 	if err != nil {
 		panic(err)
 	}
 	defer c.Close()
-	col, err := flowmetrics.New(c, 2, flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
-	if err != nil {
+	if err := col.Bind(c); err != nil {
 		panic(err)
 	}
 	reg := prometheus.NewRegistry()
@@ -28,8 +36,8 @@ func Example() {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = c.Run(ctx) }()
-	done, err := col.Wait(ctx, c, 0) // instead of c.Wait: also observes the wait time
+	c.Start(ctx)
+	done, err := c.Wait(ctx, 0)
 	if err != nil {
 		panic(err)
 	}

@@ -1,11 +1,10 @@
-// Package flowmetrics exports flowcontrol's state as Prometheus metrics, so that flowcontrol itself does not depend on client_golang.
 package flowmetrics
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -15,7 +14,9 @@ import (
 )
 
 // StatsSource is what the collector reads at scrape time; *flowcontrol.Controller
-// and *flowcontrol.Dispatcher[T] satisfy it.
+// and *flowcontrol.Dispatcher[T] satisfy it. A source that also has a
+// BandConfigs or Bands method returning []flowcontrol.BandConfig has its band
+// names checked against Options.BandNames by Bind.
 type StatsSource interface {
 	Stats() flowcontrol.Stats
 }
@@ -26,11 +27,21 @@ const (
 	OutcomeCancelled  = "cancelled"
 	OutcomeExpired    = "expired"
 	OutcomeClosed     = "closed"
-	OutcomeRejected   = "rejected" // queue full
+	OutcomeRejected   = "rejected" // queue full: a refusal, never queued
 )
 
-// outcomes is the order of the outcome label values in the wait histogram.
-var outcomes = [...]string{OutcomeDispatched, OutcomeCancelled, OutcomeExpired, OutcomeClosed, OutcomeRejected}
+// outcomes is the order of the outcome label values in the wait histogram:
+// the outcomes of a Wait that entered the queue.
+var outcomes = [...]string{OutcomeDispatched, OutcomeCancelled, OutcomeExpired, OutcomeClosed}
+
+// Refusal reason label values of flowgate_refused_total: why a call never
+// entered the queue.
+const (
+	ReasonQueueFull  = "queue_full"
+	ReasonClosed     = "closed"
+	ReasonCancelled  = "cancelled"
+	ReasonNotRunning = "not_running"
+)
 
 // DefaultBuckets are the wait-time histogram buckets in seconds: 1 ms to
 // about 2 min, doubling, so that both an uncongested pass (a tick) and a
@@ -51,25 +62,42 @@ type Options struct {
 }
 
 // Collector is a prometheus.Collector over a controller's Stats snapshot,
-// taken once per scrape, plus a wait-time histogram fed by ObserveWait (or
-// by Collector.Wait). Metrics, with namespace "flowgate":
+// taken once per scrape, plus a wait-time histogram fed by OnOutcome (the
+// controller's outcome hook). Metrics, with namespace "flowgate":
 //
 //	flowgate_queue_depth{band}                   gauge   requests waiting in the band
-//	flowgate_requests_total{band,outcome}        counter outcomes: dispatched, cancelled, expired, closed, rejected
+//	flowgate_requests_total{band,outcome}        counter queued requests by outcome: dispatched, cancelled, expired, closed
+//	flowgate_refused_total{band,reason}          counter calls refused before the queue: queue_full, closed, cancelled, not_running
+//	flowgate_unknown_band_total                  counter calls refused for naming no band
 //	flowgate_saturation                          gauge   sanitised saturation read at the last tick
 //	flowgate_band_ceiling{band}                  gauge   the band's ceiling at the last tick
 //	flowgate_band_duty_cycle_ticks{band}         gauge   the band's Every: opens on 1 tick in Every; 0 = blocked
 //	flowgate_ticks_total                         counter dispatcher ticks
-//	flowgate_wait_seconds{band,outcome}          histogram time spent in Wait
+//	flowgate_wait_seconds{band,outcome}          histogram time queued requests waited, by outcome
 //
 // Counter values are the dispatcher's own cumulative counts, so they match
-// Stats() exactly and survive a collector being re-created.
+// Stats() exactly and survive a collector being re-created. The histogram
+// counts the same queued outcomes as flowgate_requests_total, one
+// observation per OnOutcome call, so at rest wait_seconds_count{band,outcome}
+// equals requests_total{band,outcome} (as long as the collector was the
+// controller's hook from the start). Refusals never waited: they are counted,
+// not timed.
+//
+// Wiring: the collector exists before the controller (its OnOutcome goes in
+// the controller's config) and is bound to it after:
+//
+//	col, _ := flowmetrics.New(2, flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
+//	c, _ := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: cfg, OnOutcome: col.OnOutcome})
+//	if err := col.Bind(c); err != nil { ... }
+//	registry.MustRegister(col)
 type Collector struct {
-	src   StatsSource
-	names []string // label per band index, grown on demand
+	src   atomic.Pointer[StatsSource] // set once by Bind
+	names []string                    // label per band index
 
 	queueDepth *prometheus.Desc
 	requests   *prometheus.Desc
+	refused    *prometheus.Desc
+	unknown    *prometheus.Desc
 	saturation *prometheus.Desc
 	ceiling    *prometheus.Desc
 	every      *prometheus.Desc
@@ -77,16 +105,13 @@ type Collector struct {
 
 	wait *prometheus.HistogramVec
 	// observers[band][outcome], resolved at construction so that
-	// ObserveWait neither allocates nor hashes labels.
+	// OnOutcome neither allocates nor hashes labels.
 	observers [][len(outcomes)]prometheus.Observer
 }
 
-// New returns a collector reading src. bands is the number of bands the
-// histogram is prepared for (ObserveWait ignores bands outside [0, bands)).
-func New(src StatsSource, bands int, opts Options) (*Collector, error) {
-	if src == nil {
-		return nil, errors.New("flowmetrics: nil StatsSource")
-	}
+// New returns a collector for a controller of the given number of bands;
+// Bind it to the controller (or dispatcher) whose Stats it reports.
+func New(bands int, opts Options) (*Collector, error) {
 	if bands < 1 || bands > flowcontrol.MaxBands {
 		return nil, fmt.Errorf("flowmetrics: bands must be in 1..%d, got %d", flowcontrol.MaxBands, bands)
 	}
@@ -105,6 +130,9 @@ func New(src StatsSource, bands int, opts Options) (*Collector, error) {
 			return nil, fmt.Errorf("flowmetrics: Buckets must be strictly increasing numbers, got %v", buckets)
 		}
 	}
+	if len(opts.BandNames) > bands {
+		return nil, fmt.Errorf("flowmetrics: BandNames has %d names for %d bands", len(opts.BandNames), bands)
+	}
 	names := make([]string, bands)
 	seen := map[string]bool{}
 	for i := range names {
@@ -122,13 +150,17 @@ func New(src StatsSource, bands int, opts Options) (*Collector, error) {
 	}
 	cl := opts.ConstLabels
 	c := &Collector{
-		src:   src,
 		names: names,
 		queueDepth: prometheus.NewDesc(ns+"_queue_depth",
 			"Requests waiting in the band's queue.", []string{"band"}, cl),
 		requests: prometheus.NewDesc(ns+"_requests_total",
-			"Requests that left the band's queue, by outcome (dispatched, cancelled, expired, closed) or were refused because it was full (rejected).",
+			"Requests that entered the band's queue and left it, by outcome: dispatched, cancelled, expired, closed.",
 			[]string{"band", "outcome"}, cl),
+		refused: prometheus.NewDesc(ns+"_refused_total",
+			"Calls refused before the band's queue, by reason: queue_full, closed, cancelled (context already done), not_running.",
+			[]string{"band", "reason"}, cl),
+		unknown: prometheus.NewDesc(ns+"_unknown_band_total",
+			"Calls refused because they named no band.", nil, cl),
 		saturation: prometheus.NewDesc(ns+"_saturation",
 			"Backend pool saturation as read (and sanitised) at the last dispatcher tick: 0 idle, 1 full, above 1 overloaded.", nil, cl),
 		ceiling: prometheus.NewDesc(ns+"_band_ceiling",
@@ -139,7 +171,7 @@ func New(src StatsSource, bands int, opts Options) (*Collector, error) {
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace:   ns,
 			Name:        "wait_seconds",
-			Help:        "Time a request spent in flow control before it was dispatched or ended otherwise, by band and outcome.",
+			Help:        "Time a request spent in the band's queue before it was dispatched or ended otherwise, by band and outcome.",
 			Buckets:     buckets,
 			ConstLabels: cl,
 		}, []string{"band", "outcome"}),
@@ -159,6 +191,40 @@ func New(src StatsSource, bands int, opts Options) (*Collector, error) {
 	return c, nil
 }
 
+// Bind sets the source whose Stats the collector reports at each scrape.
+// The source must have exactly the collector's number of bands, and, if it
+// tells its band names (a Bands or BandConfigs method, as Controller and
+// Dispatcher have) and Options.BandNames were given, the same names. Bind
+// may be called once; until then a scrape reports only the histogram.
+func (c *Collector) Bind(src StatsSource) error {
+	if src == nil {
+		return errors.New("flowmetrics: Bind: nil StatsSource")
+	}
+	if n := len(src.Stats().Bands); n != len(c.names) {
+		return fmt.Errorf("flowmetrics: Bind: the collector was made for %d bands, the source has %d", len(c.names), n)
+	}
+	var configs []flowcontrol.BandConfig
+	switch s := src.(type) {
+	case interface {
+		Bands() []flowcontrol.BandConfig
+	}:
+		configs = s.Bands()
+	case interface {
+		BandConfigs() []flowcontrol.BandConfig
+	}:
+		configs = s.BandConfigs()
+	}
+	for i, bc := range configs {
+		if c.names[i] != strconv.Itoa(i) && c.names[i] != bc.Name {
+			return fmt.Errorf("flowmetrics: Bind: BandNames[%d] is %q, the source's band %d is named %q", i, c.names[i], i, bc.Name)
+		}
+	}
+	if !c.src.CompareAndSwap(nil, &src) {
+		return errors.New("flowmetrics: Bind: already bound")
+	}
+	return nil
+}
+
 // band returns the label of band i; bands beyond those given to New (a
 // source with more bands than announced) are labelled by their index.
 func (c *Collector) band(i int) string {
@@ -172,6 +238,8 @@ func (c *Collector) band(i int) string {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.queueDepth
 	ch <- c.requests
+	ch <- c.refused
+	ch <- c.unknown
 	ch <- c.saturation
 	ch <- c.ceiling
 	ch <- c.every
@@ -181,25 +249,38 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector: one Stats snapshot per scrape.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	st := c.src.Stats()
+	defer c.wait.Collect(ch)
+	p := c.src.Load()
+	if p == nil {
+		return
+	}
+	st := (*p).Stats()
 	ch <- prometheus.MustNewConstMetric(c.saturation, prometheus.GaugeValue, st.Saturation)
 	ch <- prometheus.MustNewConstMetric(c.ticks, prometheus.CounterValue, float64(st.Ticks))
+	ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.CounterValue, float64(st.UnknownBand))
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
 	for i, b := range st.Bands {
 		name := c.band(i)
 		ch <- prometheus.MustNewConstMetric(c.queueDepth, prometheus.GaugeValue, float64(b.Queued), name)
-		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(b.Dispatched), name, OutcomeDispatched)
-		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(b.Cancelled), name, OutcomeCancelled)
-		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(b.Expired), name, OutcomeExpired)
-		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(b.Closed), name, OutcomeClosed)
-		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(b.Rejected), name, OutcomeRejected)
+		counter(c.requests, b.Dispatched, name, OutcomeDispatched)
+		counter(c.requests, b.Cancelled, name, OutcomeCancelled)
+		counter(c.requests, b.Expired, name, OutcomeExpired)
+		counter(c.requests, b.Closed, name, OutcomeClosed)
+		counter(c.refused, b.Rejected, name, ReasonQueueFull)
+		counter(c.refused, b.Refused.Closed, name, ReasonClosed)
+		counter(c.refused, b.Refused.Cancelled, name, ReasonCancelled)
+		counter(c.refused, b.Refused.NotRunning, name, ReasonNotRunning)
 		ch <- prometheus.MustNewConstMetric(c.ceiling, prometheus.GaugeValue, b.Gate.Ceiling, name)
 		ch <- prometheus.MustNewConstMetric(c.every, prometheus.GaugeValue, float64(b.Gate.Every), name)
 	}
-	c.wait.Collect(ch)
 }
 
-// Outcome returns the outcome label of a Wait's error: OutcomeDispatched for
-// nil, and "" for an error that is no flow-control outcome (an unknown band).
+// Outcome returns the outcome label of a Wait's error, for a host's own
+// logs: OutcomeDispatched for nil, OutcomeRejected for a full queue, and ""
+// for an error that is no flow-control outcome (an unknown band, not
+// running).
 func Outcome(err error) string {
 	switch {
 	case err == nil:
@@ -216,44 +297,29 @@ func Outcome(err error) string {
 	return ""
 }
 
-func outcomeIndex(err error) int {
-	switch Outcome(err) {
-	case OutcomeDispatched:
+// queuedIndex is the histogram index of a queued Wait's outcome, or -1.
+func queuedIndex(err error) int {
+	switch {
+	case err == nil:
 		return 0
-	case OutcomeCancelled:
+	case errors.Is(err, flowcontrol.ErrCancelled):
 		return 1
-	case OutcomeExpired:
+	case errors.Is(err, flowcontrol.ErrExpired):
 		return 2
-	case OutcomeClosed:
+	case errors.Is(err, flowcontrol.ErrClosed):
 		return 3
-	case OutcomeRejected:
-		return 4
 	}
 	return -1
 }
 
-// ObserveWait records that a Wait on band ended with err after d. Bands
-// outside those given to New and errors that are no outcome (unknown band)
-// are ignored. It does not allocate.
-func (c *Collector) ObserveWait(band int, err error, d time.Duration) {
-	o := outcomeIndex(err)
+// OnOutcome records that a queued Wait on band ended with outcome after
+// waiting waited. It has the signature of flowcontrol.ControllerConfig's
+// OnOutcome, which is where it belongs. Bands outside those given to New
+// and errors that are no queued outcome are ignored. It does not allocate.
+func (c *Collector) OnOutcome(band int, outcome error, waited time.Duration) {
+	o := queuedIndex(outcome)
 	if band < 0 || band >= len(c.observers) || o < 0 {
 		return
 	}
-	c.observers[band][o].Observe(d.Seconds())
-}
-
-// Waiter is the blocking call Wait wraps; *flowcontrol.Controller satisfies it.
-type Waiter interface {
-	Wait(ctx context.Context, band int) (done func(), err error)
-}
-
-// Wait calls w.Wait and records its duration and outcome in the histogram.
-// It is the observer hook for hosts: flowcontrol has none of its own, so the
-// caller's clock (time.Now) measures the whole call.
-func (c *Collector) Wait(ctx context.Context, w Waiter, band int) (done func(), err error) {
-	start := time.Now()
-	done, err = w.Wait(ctx, band)
-	c.ObserveWait(band, err, time.Since(start))
-	return done, err
+	c.observers[band][o].Observe(waited.Seconds())
 }

@@ -29,6 +29,34 @@ type satValue struct{ bits atomic.Uint64 }
 
 func (s *satValue) set(f float64)       { s.bits.Store(uint64(f * 1e6)) }
 func (s *satValue) Saturation() float64 { return float64(s.bits.Load()) / 1e6 }
+
+// bandsOf returns n bands of the given capacity, band i with maxWait[i]
+// (no limit where maxWait is shorter).
+func bandsOf(n, capacity int, maxWait ...time.Duration) []flowcontrol.BandConfig {
+	b := make([]flowcontrol.BandConfig, n)
+	for i := range b {
+		b[i].Capacity = capacity
+		if i < len(maxWait) {
+			b[i].MaxWait = maxWait[i]
+		}
+	}
+	return b
+}
+
+// newBound makes a collector, a controller with the collector as its
+// outcome hook, and binds them.
+func newBound(t *testing.T, cfg flowcontrol.ControllerConfig, opts flowmetrics.Options) (*flowcontrol.Controller, *flowmetrics.Collector) {
+	t.Helper()
+	col, err := flowmetrics.New(len(cfg.Bands), opts)
+	require.NoError(t, err)
+	cfg.OnOutcome = col.OnOutcome
+	c, err := flowcontrol.NewController(cfg)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	require.NoError(t, col.Bind(c))
+	return c, col
+}
+
 func waitQueued(t *testing.T, c *flowcontrol.Controller, band, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -85,15 +113,10 @@ func TestScrapeMatchesStats(t *testing.T) {
 	base := time.Unix(1000, 0)
 	clock := func() time.Time { return base.Add(time.Duration(now.Load())) }
 	sat := &satValue{}
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 2, Source: sat, Now: clock,
-		Policy:  flowcontrol.NewSoftReflective(),
-		MaxWait: []time.Duration{0, time.Second},
-	})
-	require.NoError(t, err)
-	defer c.Close()
-	col, err := flowmetrics.New(c, 2, flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
-	require.NoError(t, err)
+	bands := bandsOf(2, 2, 0, time.Second)
+	bands[0].Name, bands[1].Name = "critical", "sheddable"
+	c, col := newBound(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: sat, Now: clock, Policy: flowcontrol.NewSoftReflective()}, Stepped: true},
+		flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(col))
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -108,7 +131,7 @@ func TestScrapeMatchesStats(t *testing.T) {
 	dones := make([]func(), 4)
 	wait := func(i int, ctx context.Context, band int) {
 		defer wg.Done()
-		dones[i], errs[i] = col.Wait(ctx, c, band)
+		dones[i], errs[i] = c.Wait(ctx, band)
 	}
 
 	// Cancelled: a waiter gives up while band 1 is blocked; the next tick
@@ -131,7 +154,7 @@ func TestScrapeMatchesStats(t *testing.T) {
 	go wait(1, context.Background(), 1)
 	go wait(2, context.Background(), 1)
 	waitQueued(t, c, 1, 2)
-	_, err = col.Wait(context.Background(), c, 1)
+	_, err := c.Wait(context.Background(), 1)
 	require.ErrorIs(t, err, flowcontrol.ErrQueueFull)
 
 	// Dispatched: band 0 flows at any saturation.
@@ -162,9 +185,14 @@ func TestScrapeMatchesStats(t *testing.T) {
 		require.Equal(t, float64(b.Queued), value(t, fams, "flowgate_queue_depth", lb).GetGauge().GetValue())
 		require.Equal(t, b.Gate.Ceiling, value(t, fams, "flowgate_band_ceiling", lb).GetGauge().GetValue())
 		require.Equal(t, float64(b.Gate.Every), value(t, fams, "flowgate_band_duty_cycle_ticks", lb).GetGauge().GetValue())
+		for reason, want := range map[string]uint64{
+			"queue_full": b.Rejected, "closed": b.Refused.Closed, "cancelled": b.Refused.Cancelled, "not_running": b.Refused.NotRunning,
+		} {
+			got := value(t, fams, "flowgate_refused_total", map[string]string{"band": name, "reason": reason})
+			require.Equal(t, float64(want), got.GetCounter().GetValue(), "%s %s", name, reason)
+		}
 		for outcome, want := range map[string]uint64{
-			"dispatched": b.Dispatched, "cancelled": b.Cancelled, "expired": b.Expired,
-			"closed": b.Closed, "rejected": b.Rejected,
+			"dispatched": b.Dispatched, "cancelled": b.Cancelled, "expired": b.Expired, "closed": b.Closed,
 		} {
 			got := value(t, fams, "flowgate_requests_total", map[string]string{"band": name, "outcome": outcome})
 			require.Equal(t, float64(want), got.GetCounter().GetValue(), "%s %s", name, outcome)
@@ -175,24 +203,39 @@ func TestScrapeMatchesStats(t *testing.T) {
 	// Gates as the soft-reflective policy sets them at s = 2.
 	require.Equal(t, flowcontrol.Gate{Ceiling: 1, Every: 1}, st.Bands[0].Gate)
 	require.Equal(t, 0, st.Bands[1].Gate.Every)
-	// The histogram measures real time (the fake clock only drives expiry).
+	// The histogram measures the controller's clock: both sheddable
+	// waiters queued at virtual time 0 and expired at 2 s.
 	h := value(t, fams, "flowgate_wait_seconds", map[string]string{"band": "sheddable", "outcome": "expired"}).GetHistogram()
-	require.GreaterOrEqual(t, h.GetSampleSum(), 0.0)
+	require.InDelta(t, 4.0, h.GetSampleSum(), 1e-9)
 }
 
 func TestNewValidates(t *testing.T) {
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 1, Capacity: 1, Source: &satValue{}})
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 1), Source: &satValue{}}})
 	require.NoError(t, err)
 	defer c.Close()
-	_, err = flowmetrics.New(nil, 1, flowmetrics.Options{})
-	require.ErrorContains(t, err, "flowmetrics: nil StatsSource")
-	_, err = flowmetrics.New(c, 0, flowmetrics.Options{})
+	_, err = flowmetrics.New(0, flowmetrics.Options{})
 	require.ErrorContains(t, err, "flowmetrics: bands")
-	_, err = flowmetrics.New(c, 2, flowmetrics.Options{BandNames: []string{"a", "a"}})
+	_, err = flowmetrics.New(2, flowmetrics.Options{BandNames: []string{"a", "a"}})
 	require.ErrorContains(t, err, "duplicate band label")
-	// Unnamed bands are labelled by index; the registry accepts it.
-	col, err := flowmetrics.New(c, 1, flowmetrics.Options{})
+	_, err = flowmetrics.New(1, flowmetrics.Options{BandNames: []string{"a", "b"}})
+	require.ErrorContains(t, err, "BandNames has 2 names for 1 bands")
+
+	// A collector for 3 bands cannot report a 2-band controller.
+	col3, err := flowmetrics.New(3, flowmetrics.Options{})
 	require.NoError(t, err)
+	require.ErrorContains(t, col3.Bind(c), "flowmetrics: Bind: the collector was made for 3 bands, the source has 2")
+	require.ErrorContains(t, col3.Bind(nil), "nil StatsSource")
+	// Names given must be the controller's (band0, band1 by default).
+	colNamed, err := flowmetrics.New(2, flowmetrics.Options{BandNames: []string{"critical", "sheddable"}})
+	require.NoError(t, err)
+	require.ErrorContains(t, colNamed.Bind(c), `BandNames[0] is "critical", the source's band 0 is named "band0"`)
+
+	// Unnamed bands are labelled by index; the registry accepts it; a
+	// second Bind is refused.
+	col, err := flowmetrics.New(2, flowmetrics.Options{})
+	require.NoError(t, err)
+	require.NoError(t, col.Bind(c))
+	require.ErrorContains(t, col.Bind(c), "already bound")
 	require.NoError(t, prometheus.NewPedanticRegistry().Register(col))
 }
 
@@ -206,15 +249,12 @@ func TestOutcome(t *testing.T) {
 }
 
 func TestObserveWaitAllocatesNothing(t *testing.T) {
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Bands: 2, Capacity: 1, Source: &satValue{}})
-	require.NoError(t, err)
-	defer c.Close()
-	col, err := flowmetrics.New(c, 2, flowmetrics.Options{})
+	col, err := flowmetrics.New(2, flowmetrics.Options{})
 	require.NoError(t, err)
 	allocs := testing.AllocsPerRun(100, func() {
-		col.ObserveWait(1, nil, time.Millisecond)
-		col.ObserveWait(0, flowcontrol.ErrExpired, time.Second)
-		col.ObserveWait(7, nil, time.Second) // ignored
+		col.OnOutcome(1, nil, time.Millisecond)
+		col.OnOutcome(0, flowcontrol.ErrExpired, time.Second)
+		col.OnOutcome(7, nil, time.Second) // ignored
 	})
 	require.Zero(t, allocs)
 }
@@ -227,19 +267,11 @@ func TestHistogramAgreesWithStatsOnLateReap(t *testing.T) {
 	base := time.Unix(1000, 0)
 	sat := &satValue{}
 	sat.set(2) // band 1 blocked
-	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands: 2, Capacity: 4, Source: sat, Policy: flowcontrol.NewSoftReflective(),
-		Now:     func() time.Time { return base.Add(time.Duration(now.Load())) },
-		MaxWait: []time.Duration{0, time.Second},
-	})
-	require.NoError(t, err)
-	defer c.Close()
-	col, err := flowmetrics.New(c, 2, flowmetrics.Options{})
-	require.NoError(t, err)
+	c, col := newBound(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, 4, 0, time.Second), Source: sat, Policy: flowcontrol.NewSoftReflective(), Now: func() time.Time { return base.Add(time.Duration(now.Load())) }}, Stepped: true}, flowmetrics.Options{})
 	c.Step()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { _, err := col.Wait(ctx, c, 1); errc <- err }()
+	go func() { _, err := c.Wait(ctx, 1); errc <- err }()
 	waitQueued(t, c, 1, 1)
 	cancel()
 	require.ErrorIs(t, <-errc, flowcontrol.ErrCancelled)

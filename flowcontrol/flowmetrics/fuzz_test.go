@@ -63,7 +63,12 @@ func FuzzNew(f *testing.F) {
 					t.Fatalf("New(%d, %+v) panicked: %v", bands, opts, r)
 				}
 			}()
-			c, err = flowmetrics.New(fixedStats{Bands: make([]flowcontrol.BandStats, max(bands, 0))}, bands, opts)
+			c, err = flowmetrics.New(bands, opts)
+			if err == nil {
+				if berr := c.Bind(fixedStats{Bands: make([]flowcontrol.BandStats, max(bands, 0))}); berr != nil {
+					t.Fatalf("Bind: %v", berr)
+				}
+			}
 		}()
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "flowmetrics: ") {
@@ -80,7 +85,7 @@ func FuzzNew(f *testing.F) {
 		}
 		for b := range bands {
 			for _, e := range []error{nil, flowcontrol.ErrCancelled, flowcontrol.ErrExpired, flowcontrol.ErrClosed, flowcontrol.ErrQueueFull, errors.New("x")} {
-				c.ObserveWait(b, e, time.Millisecond)
+				c.OnOutcome(b, e, time.Millisecond)
 			}
 		}
 		if _, err := reg.Gather(); err != nil {

@@ -169,15 +169,20 @@ func run(cfg Config) (*sim, error) {
 		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas),
 			readings: make([]saturation.Reading, cfg.Replicas), lastTick: -1}
 		gi := int32(g)
+		bandCfg := make([]flowcontrol.BandConfig, bands)
+		for i := range bandCfg {
+			bandCfg[i].Capacity = cfg.Capacity
+		}
 		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int32]{
-			Bands:    bands,
-			Capacity: cfg.Capacity,
-			Policy:   s.policy,
-			Source:   source{s, gw},
+			Config: flowcontrol.Config{
+				Bands:  bandCfg,
+				Policy: s.policy,
+				Source: source{s, gw},
+				Burst:  cfg.Burst,
+				Tick:   cfg.Tick,
+				Now:    s.nowTime,
+			},
 			Dispatch: func(band int, id int32) { s.dispatch(gi, band, id) },
-			Burst:    cfg.Burst,
-			Tick:     cfg.Tick,
-			Now:      s.nowTime,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/flowgate/flowgate/saturation"
 )
 
 // The YAML file the proxy reads with -config. Its shape follows llm-d's
@@ -470,14 +472,16 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 		cfg.Saturation.KVCacheUtilThreshold = *v
 	}
 	if v := sd.MetricsStalenessThreshold; v != nil {
-		if *v <= 0 {
-			return Config{}, fieldError(root, "saturationDetector.metricsStalenessThreshold", "must be > 0, got %v", *v)
+		if *v < saturation.MinStaleness || *v > saturation.MaxStaleness {
+			return Config{}, fieldError(root, "saturationDetector.metricsStalenessThreshold", "must be in [%v, %v], got %v",
+				saturation.MinStaleness, saturation.MaxStaleness, *v)
 		}
 		cfg.Saturation.MetricsStalenessThreshold = *v
 	}
 	if v := sd.ScrapeInterval; v != nil {
-		if *v <= 0 {
-			return Config{}, fieldError(root, "saturationDetector.scrapeInterval", "must be > 0, got %v", *v)
+		if *v < saturation.MinInterval || *v > saturation.MaxInterval {
+			return Config{}, fieldError(root, "saturationDetector.scrapeInterval", "must be in [%v, %v], got %v",
+				saturation.MinInterval, saturation.MaxInterval, *v)
 		}
 		cfg.Saturation.ScrapeInterval = *v
 	}

@@ -185,7 +185,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 	poller, err := saturation.NewPoller(saturation.PollerConfig{
 		Endpoints: endpoints,
 		Interval:  sc.ScrapeInterval,
-		Timeout:   min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout),
+		Timeout:   max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
 		Scorer: saturation.Scorer{
 			QueueDepthThreshold: sc.QueueDepthThreshold,
 			KVUtilThreshold:     sc.KVCacheUtilThreshold,
@@ -208,17 +208,20 @@ func NewProxy(opts Options) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
-	ctrl, err := newController(cfg, policy, poller)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: flow control: %w", err)
-	}
-	p.ctrl = ctrl
 	names := make([]string, len(cfg.Bands))
 	for i, b := range cfg.Bands {
 		names[i] = b.Name
 	}
-	p.col, err = flowmetrics.New(ctrl, len(cfg.Bands), flowmetrics.Options{BandNames: names})
+	p.col, err = flowmetrics.New(len(cfg.Bands), flowmetrics.Options{BandNames: names})
 	if err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	ctrl, err := newController(cfg, policy, poller, p.col.OnOutcome)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: flow control: %w", err)
+	}
+	p.ctrl = ctrl
+	if err := p.col.Bind(ctrl); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	p.answers = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -227,8 +230,6 @@ func NewProxy(opts Options) (*Proxy, error) {
 	}, []string{"band", "code", "reason"})
 	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
 	p.gate = flowhttp.Handler(ctrl, http.HandlerFunc(p.forward), flowhttp.Options{
-		BandNames:    names,
-		MaxBytes:     maxBytes(cfg.Bands),
 		Objectives:   cfg.Objectives,
 		DefaultBand:  cfg.DefaultBand,
 		MaxBodyBytes: opts.MaxBodyBytes,
@@ -247,30 +248,22 @@ func NewProxy(opts Options) (*Proxy, error) {
 }
 
 // newController is the one place the proxy's bands become a controller.
-func newController(cfg Config, policy flowcontrol.CeilingPolicy, src flowcontrol.SaturationSource) (*flowcontrol.Controller, error) {
-	capacity, maxWait := make([]int, len(cfg.Bands)), make([]time.Duration, len(cfg.Bands))
+func newController(cfg Config, policy flowcontrol.CeilingPolicy, src flowcontrol.SaturationSource,
+	onOutcome func(int, error, time.Duration)) (*flowcontrol.Controller, error) {
+	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
 	for i, b := range cfg.Bands {
-		capacity[i] = b.Capacity
-		maxWait[i] = b.MaxWait
+		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes}
 	}
 	return flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Bands:        len(cfg.Bands),
-		BandCapacity: capacity,
-		Policy:       policy,
-		Source:       src,
-		Burst:        cfg.Burst,
-		Tick:         cfg.Tick,
-		MaxWait:      maxWait,
+		Config: flowcontrol.Config{
+			Bands:  bands,
+			Policy: policy,
+			Source: src,
+			Burst:  cfg.Burst,
+			Tick:   cfg.Tick,
+		},
+		OnOutcome: onOutcome,
 	})
-}
-
-// maxBytes is each band's byte budget, for flowhttp.
-func maxBytes(bands []Band) []int64 {
-	out := make([]int64, len(bands))
-	for i, b := range bands {
-		out[i] = b.MaxBytes
-	}
-	return out
 }
 
 func policyParams(r PolicyRef) map[string]float64 {
@@ -291,7 +284,8 @@ func (p *Proxy) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	p.wg.Add(3)
-	go func() { defer p.wg.Done(); _ = p.ctrl.Run(ctx) }()
+	ran := p.ctrl.Start(ctx) // running before Start returns: no request sees ErrNotRunning
+	go func() { defer p.wg.Done(); <-ran }()
 	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
 	go func() { defer p.wg.Done(); p.watchPods(ctx) }()
 }
@@ -407,12 +401,6 @@ func (p *Proxy) finished(r *http.Request, res flowhttp.Result) {
 	}
 	if code == flowhttp.StatusClientClosed {
 		code = 0
-	}
-	// The wait histogram: once per Wait, as flowcontrol counts outcomes
-	// (refusals flowhttp makes before Wait, on the body, are not).
-	if res.Err == nil || errors.Is(res.Err, flowcontrol.ErrQueueFull) || errors.Is(res.Err, flowcontrol.ErrExpired) ||
-		errors.Is(res.Err, flowcontrol.ErrClosed) || errors.Is(res.Err, flowcontrol.ErrCancelled) {
-		p.col.ObserveWait(res.Band, res.Err, res.Waited)
 	}
 	p.answers.WithLabelValues(p.cfg.Bands[res.Band].Name, strconv.Itoa(code), reason).Inc()
 	if p.onFinish != nil {

@@ -1,0 +1,141 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/flowgate/flowgate/queue"
+)
+
+// BandConfig configures one priority band. Bands are given in order, band 0
+// (the most critical) first.
+type BandConfig struct {
+	// Name labels the band in metrics, errors and HTTP answers. Empty
+	// means "band<i>". Names are unique, at most MaxBandNameLen bytes of
+	// printable UTF-8 (no control characters).
+	Name string
+	// Capacity is the number of waiters the band holds, exactly (the ring
+	// underneath is rounded up to a power of two, but Enqueue reports
+	// ErrQueueFull at Capacity): 1..queue.MaxCapacity. Required.
+	Capacity int
+	// MaxWait bounds how long an item may wait in the band before it is
+	// dropped with ErrExpired, at the first tick at or after its deadline,
+	// open or gated band alike. 0 means no limit. A deadline that would
+	// overflow the clock saturates: the item effectively never expires.
+	MaxWait time.Duration
+	// MaxBytes is the band's budget of buffered request bytes, for hosts
+	// that hold request bodies while they wait (flowhttp). 0 means no byte
+	// limit. The dispatcher itself does not count bytes; it validates the
+	// field and hands it back through Controller.Bands.
+	MaxBytes int64
+}
+
+// Config holds what DispatcherConfig and ControllerConfig share. Zero values
+// of optional fields take the documented defaults.
+type Config struct {
+	// Bands configures the priority bands, band 0 (the most critical)
+	// first: 1..MaxBands entries. Required.
+	Bands []BandConfig
+	// Policy gates the bands. Nil means NewSoftReflective().
+	Policy CeilingPolicy
+	// Source is read, and its value passed through Sanitize, once per tick.
+	// Required.
+	Source SaturationSource
+	// Burst is how many items a band whose gate is open may release per
+	// tick (Poll spends what the current tick left). Skipped items
+	// (expired, cancelled) do not count. 0 means DefaultBurst.
+	Burst int
+	// Tick is the period of Run's clock: 0 means DefaultTick, otherwise at
+	// least MinTick. Step-driven hosts (simulators) may ignore it.
+	Tick time.Duration
+	// Now is the clock for enqueue times and expiry. Nil means time.Now.
+	// Tests and simulators pass a virtual clock and call Step.
+	Now func() time.Time
+}
+
+// Limits on configuration.
+const (
+	// MinTick is the shortest Tick accepted: below it Run spends a large
+	// share of a core on ticks without releasing anything sooner.
+	MinTick = 100 * time.Microsecond
+	// MaxBandNameLen is the longest band name accepted, in bytes.
+	MaxBandNameLen = 64
+)
+
+// noDeadline is the due time of an item that never expires. Computed
+// deadlines saturate at it (see dueAt), so "none" is never the result of an
+// overflow or of a deadline that happens to fall on the base time.
+const noDeadline = math.MaxInt64
+
+// dueAt returns now + wait in nanoseconds, saturating at noDeadline instead
+// of overflowing; wait 0 means no deadline.
+func dueAt(now, wait int64) int64 {
+	if wait <= 0 || now > noDeadline-wait {
+		return noDeadline
+	}
+	return now + wait
+}
+
+// check validates c and returns its bands with names defaulted. Errors wrap
+// ErrInvalidConfig and name the field.
+func (c *Config) check() ([]BandConfig, error) {
+	n := len(c.Bands)
+	if n < 1 || n > MaxBands {
+		return nil, fmt.Errorf("%w: Bands must hold 1..%d bands, got %d", ErrInvalidConfig, MaxBands, n)
+	}
+	bands := make([]BandConfig, n)
+	seen := make(map[string]int, n)
+	for i, b := range c.Bands {
+		if b.Name == "" {
+			b.Name = "band" + strconv.Itoa(i)
+		}
+		if err := checkName(b.Name); err != nil {
+			return nil, fmt.Errorf("%w: Bands[%d].Name %q: %v", ErrInvalidConfig, i, b.Name, err)
+		}
+		if j, dup := seen[b.Name]; dup {
+			return nil, fmt.Errorf("%w: Bands[%d].Name %q is also the name of Bands[%d]", ErrInvalidConfig, i, b.Name, j)
+		}
+		seen[b.Name] = i
+		if err := queue.CheckCapacity(b.Capacity); err != nil {
+			return nil, fmt.Errorf("%w: Bands[%d].Capacity: %w", ErrInvalidConfig, i, err)
+		}
+		if b.MaxWait < 0 {
+			return nil, fmt.Errorf("%w: Bands[%d].MaxWait must be ≥ 0 (0 = no limit), got %v", ErrInvalidConfig, i, b.MaxWait)
+		}
+		if b.MaxBytes < 0 {
+			return nil, fmt.Errorf("%w: Bands[%d].MaxBytes must be ≥ 0 (0 = no limit), got %d", ErrInvalidConfig, i, b.MaxBytes)
+		}
+		bands[i] = b
+	}
+	if c.Source == nil {
+		return nil, fmt.Errorf("%w: Source is nil", ErrInvalidConfig)
+	}
+	if c.Burst < 0 {
+		return nil, fmt.Errorf("%w: Burst must be ≥ 0 (0 = default %d), got %d", ErrInvalidConfig, DefaultBurst, c.Burst)
+	}
+	if c.Tick != 0 && c.Tick < MinTick {
+		return nil, fmt.Errorf("%w: Tick must be 0 (default %v) or ≥ %v, got %v", ErrInvalidConfig, DefaultTick, MinTick, c.Tick)
+	}
+	return bands, nil
+}
+
+// checkName refuses names that would make metrics, logs or HTTP headers
+// unreadable: invalid UTF-8, control characters, or overlong.
+func checkName(name string) error {
+	if len(name) > MaxBandNameLen {
+		return fmt.Errorf("longer than %d bytes", MaxBandNameLen)
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("not valid UTF-8")
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) || !unicode.IsPrint(r) && r != ' ' {
+			return fmt.Errorf("contains the unprintable character %U", r)
+		}
+	}
+	return nil
+}

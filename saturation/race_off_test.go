@@ -1,0 +1,5 @@
+//go:build !race
+
+package saturation
+
+const raceSlowdown = 1
