@@ -7,12 +7,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net/http"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/gateway"
 )
@@ -21,7 +20,12 @@ func main() {
 	configPath := flag.String("config", "", "optional YAML configuration (see examples/proxy/config.yaml)")
 	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends := flag.String("backends", "", "comma-separated base URLs of the model servers")
+	var sf serverFlags
+	sf.register(flag.CommandLine)
 	flag.Parse()
+	if err := sf.validate(); err != nil {
+		fatal(err)
+	}
 
 	cfg := gateway.DefaultConfig()
 	if *configPath != "" {
@@ -47,15 +51,23 @@ func main() {
 	if len(urls) == 0 {
 		fatal(errors.New("proxy: -backends is required"))
 	}
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls,
+		BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate, BackendResponseHeaderTimeout: sf.backendRespHeader})
 	if err != nil {
 		fatal(err)
 	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fatal(err)
+	}
+	lim := newConnLimiter(ln, sf.maxConns, sf.reservedConns)
+	srv := newServer(p, &sf)
+	srv.ConnState = lim.connState
 	p.Start()
-	srv := &http.Server{Addr: *addr, Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
-	go func() { served <- srv.ListenAndServe() }()
-	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands)", *addr, urls, cfg.Policy.Type, len(cfg.Bands))
+	go func() { served <- srv.Serve(lim) }()
+	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands, at most %d client connections, %d kept free)",
+		ln.Addr(), urls, cfg.Policy.Type, len(cfg.Bands), sf.maxConns, sf.reservedConns)
 	select {
 	case err := <-served:
 		p.Close()
@@ -63,15 +75,14 @@ func main() {
 	case <-ctx.Done():
 	}
 	// Graceful shutdown: stop accepting and answer what is queued with 503
-	// at once, then wait for what is in flight.
-	log.Printf("proxy: shutting down")
+	// at once, then wait for what is in flight, at most -drain-timeout.
+	log.Printf("proxy: shutting down (at most %v)", sf.drainTimeout)
 	p.Drain()
-	sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	if err := drain(srv, sf.drainTimeout); err != nil {
 		log.Printf("proxy: shutdown: %v", err)
 	}
 	p.Close()
+	log.Printf("proxy: stopped")
 }
 
 func fatal(err error) {

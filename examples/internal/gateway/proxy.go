@@ -73,6 +73,10 @@ type Options struct {
 	// 5 s and 1 KiB/s (flowhttp's); MinBodyRate < 0: no limit.
 	BodyGrace   time.Duration
 	MinBodyRate int64
+	// BackendResponseHeaderTimeout bounds the wait for a backend's
+	// response headers. Default 10 min (a non-streamed completion's
+	// headers come when it is done).
+	BackendResponseHeaderTimeout time.Duration
 	// Logf logs; default log.Printf. Use a no-op in tests.
 	Logf func(format string, args ...any)
 	// OnFinish, if set, is called when a gated request is finished: its
@@ -150,6 +154,12 @@ func NewProxy(opts Options) (*Proxy, error) {
 		MaxIdleConnsPerHost: 1024,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
+		// A backend that accepts and never answers holds the slot
+		// until this, not forever.
+		ResponseHeaderTimeout: opts.BackendResponseHeaderTimeout,
+	}
+	if transport.ResponseHeaderTimeout == 0 {
+		transport.ResponseHeaderTimeout = 10 * time.Minute
 	}
 	endpoints := make([]string, 0, len(opts.Backends))
 	for i, raw := range opts.Backends {
