@@ -20,16 +20,18 @@ func TestParseConfigSample(t *testing.T) {
 	cfg, err := gateway.ParseConfig(f)
 	require.NoError(t, err)
 	require.Equal(t, []gateway.Band{
-		{Name: "critical", Priority: 100, Capacity: 1024, MaxWait: 30 * time.Second},
-		{Name: "sheddable", Priority: 0, Capacity: 4096, MaxWait: 120 * time.Second},
+		{Name: "critical", Priority: 100, Capacity: 1024, MaxWait: 30 * time.Second, MaxBytes: 1 << 30},
+		{Name: "sheddable", Priority: 0, Capacity: 4096, MaxWait: 120 * time.Second, MaxBytes: 2 << 30},
 	}, cfg.Bands)
+	require.Empty(t, cfg.Warnings)
+	require.Equal(t, gateway.BodyPriorityKeep, cfg.BodyPriority)
 	require.Equal(t, gateway.PolicyRef{Type: flowcontrol.SoftReflectivePolicyName}, cfg.Policy)
 	require.Equal(t, 1, cfg.DefaultBand)
 	require.Equal(t, map[string]int{"critical": 0, "interactive": 0, "sheddable": 1, "batch": 1}, cfg.Objectives)
 	require.Equal(t, gateway.SaturationConfig{
 		QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8,
 		MetricsStalenessThreshold: 200 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond,
-		InFlightCredit: true,
+		InFlightCredit: true, Engine: gateway.EngineVLLM,
 	}, cfg.Saturation)
 }
 
@@ -98,7 +100,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"empty bands", "flowControl:\n  priorityBands: []\n", []string{"flowControl.priorityBands (line 2)", "at least one"}},
 		{"unknown policy ref", "flowControl:\n  usageLimitPolicyPluginRef: magic\n",
 			[]string{"flowControl.usageLimitPolicyPluginRef (line 2)", `"magic"`}},
-		{"unknown plugin type", "plugins:\n  - {name: x, type: magic}\n", []string{"plugins[0].type (line 2)", "unknown policy"}},
+		{"unknown plugin type as the policy", "plugins:\n  - {name: x, type: magic}\nflowControl: {usageLimitPolicyPluginRef: x}\n",
+			[]string{"flowControl.usageLimitPolicyPluginRef (line 3)", `"x" is neither a declared policy plugin`}},
 		{"threshold on soft", "plugins:\n  - type: soft-reflective-ceiling-policy\n    parameters: {threshold: 0.5}\n",
 			[]string{"plugins[0].parameters.threshold (line 3)", "takes no threshold"}},
 		{"bad threshold", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: .nan}\n",

@@ -39,6 +39,9 @@ func main() {
 			fatal(err)
 		}
 	}
+	for _, w := range cfg.Warnings {
+		log.Printf("proxy: config: %s", w)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 

@@ -145,7 +145,14 @@ func quietLog() *log.Logger { return log.New(io.Discard, "", 0) }
 func (e *env) saturate(t testing.TB, v float64) {
 	t.Helper()
 	e.pool.Set(v)
-	waitFor(t, "a tick to read the saturation", func() bool { return e.ctrl.Stats().Saturation == v })
+	waitFor(t, "a tick to read the saturation", func() bool {
+		// An idle dispatcher sleeps; a pass through band 0 (never
+		// gated) wakes it, and its next tick reads the source.
+		if done, err := e.ctrl.Wait(context.Background(), 0); err == nil {
+			done()
+		}
+		return e.ctrl.Stats().Saturation == v
+	})
 }
 
 // band is a BandConfig of capacity 16 unless given otherwise.

@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strconv"
 
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
@@ -61,4 +63,27 @@ func bodyPriority(body []byte) (int64, bool) {
 		return 0, false
 	}
 	return p, true
+}
+
+// stripPriority removes the top-level "priority" of a JSON object body
+// (Config.BodyPriority strip): vLLM refuses a non-zero priority unless it runs
+// with --scheduling-policy priority. A body without one, or not a JSON
+// object, is forwarded as it is.
+func stripPriority(r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err == nil {
+		if _, ok := bodyPriority(body); ok {
+			var fields map[string]json.RawMessage
+			if json.Unmarshal(body, &fields) == nil {
+				delete(fields, "priority")
+				if out, err := json.Marshal(fields); err == nil {
+					body = out
+				}
+			}
+		}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }

@@ -66,7 +66,7 @@ func startProxy(t testing.TB, cfg Config) *Proxy {
 	p.Start()
 	t.Cleanup(p.Close)
 	deadline := time.Now().Add(10 * time.Second)
-	for p.Controller().Stats().Saturation != 0 {
+	for p.Poller().Saturation() != 0 {
 		require.True(t, time.Now().Before(deadline), "the pool never read idle")
 		runtime.Gosched()
 	}

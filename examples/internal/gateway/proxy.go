@@ -92,6 +92,7 @@ type backend struct {
 	inflight atomic.Int64
 	failedAt atomic.Int64 // unix ns of its last failed answer (5xx or transport error); 0 = healthy
 	unusable atomic.Bool  // the poller's last verdict on its /metrics: failed, stale or never scraped
+	reason   string       // why it was unusable at the last look (watchPods only)
 	rp       *httputil.ReverseProxy
 }
 
@@ -196,6 +197,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 		Endpoints: endpoints,
 		Interval:  sc.ScrapeInterval,
 		Timeout:   max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
+		Metrics:   metricNames(sc.Engine),
 		Scorer: saturation.Scorer{
 			QueueDepthThreshold: sc.QueueDepthThreshold,
 			KVUtilThreshold:     sc.KVCacheUtilThreshold,
@@ -246,6 +248,9 @@ func NewProxy(opts Options) (*Proxy, error) {
 		BodyGrace:    opts.BodyGrace,
 		MinBodyRate:  opts.MinBodyRate,
 		Classify: func(_ *http.Request, body []byte) (int, bool) {
+			if cfg.BodyPriority == BodyPriorityIgnore {
+				return 0, false
+			}
 			p, ok := bodyPriority(body)
 			if !ok {
 				return 0, false
@@ -255,6 +260,14 @@ func NewProxy(opts Options) (*Proxy, error) {
 		OnFinish: p.finished,
 	})
 	return p, nil
+}
+
+// metricNames is the poller's metric names for a backend kind.
+func metricNames(engine string) saturation.MetricNames {
+	if engine == EngineSGLang {
+		return saturation.SGLang()
+	}
+	return saturation.VLLM()
 }
 
 // newController is the one place the proxy's bands become a controller.
@@ -314,7 +327,17 @@ func (p *Proxy) watchPods(ctx context.Context) {
 		case <-t.C:
 			for _, r := range p.poller.Readings() {
 				if b := p.byMetric[r.Endpoint]; b != nil {
-					b.unusable.Store(!r.Usable)
+					was := b.unusable.Swap(!r.Usable)
+					// Say why a backend reads saturated, once per
+					// change: a wrong engine's metric names, a
+					// dead /metrics, a stale pod.
+					switch {
+					case !r.Usable && (!was || b.reason != r.Reason) && r.Reason != saturation.ReasonNotScraped:
+						p.logf("proxy: backend %s reads saturated (%s): %v", b.label, r.Reason, r.Err)
+					case r.Usable && was && b.reason != "":
+						p.logf("proxy: backend %s usable again", b.label)
+					}
+					b.reason = r.Reason
 				}
 			}
 		}
@@ -450,6 +473,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 			panic(v)
 		}
 	}()
+	if p.cfg.BodyPriority == BodyPriorityStrip && r.Body != nil {
+		stripPriority(r)
+	}
 	if p.cfg.Saturation.InFlightCredit {
 		// Credit the new request to its backend now, not at the next
 		// scrape: a burst of dispatches shows in the saturation at once.
