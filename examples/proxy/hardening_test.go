@@ -223,3 +223,39 @@ func TestEnginePresetAndScrapeFailureLogged(t *testing.T) {
 	})
 	require.GreaterOrEqual(t, p.Poller().Saturation(), 1.0)
 }
+
+// With LLMDMetrics, /metrics also serves llm-d's flow-control names, with
+// llm-d's outcome values and the bands' priorities.
+func TestLLMDMetricNames(t *testing.T) {
+	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
+	cfg := testConfig()
+	cfg.Bands[1].MaxWait = 20 * time.Millisecond
+	p, srv := runGateway(t, cfg, gateway.Options{LLMDMetrics: true}, true, b.srv.URL)
+	send := func(objective string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader("{}"))
+		req.Header.Set(gateway.ObjectiveHeader, objective)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 200, send("critical"))
+	b.saturated.Store(true)
+	eventually(t, "saturated", func() bool { return p.Poller().Saturation() >= 1 })
+	require.Equal(t, 503, send("sheddable"))
+	resp, err := http.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	for _, want := range []string{
+		`llm_d_epp_flow_control_requests_total{outcome="Dispatched",priority="100"} 1`,
+		`llm_d_epp_flow_control_requests_total{outcome="EvictedTTL",priority="0"} 1`,
+		`llm_d_epp_flow_control_request_queue_duration_seconds_count{fairness_id="default-flow",outcome="EvictedTTL",priority="0"} 1`,
+		`llm_d_epp_flow_control_queue_size{fairness_id="default-flow",priority="0"} 0`,
+		`llm_d_epp_flow_control_pool_saturation `,
+		`flowgate_requests_total{band="critical",outcome="dispatched"} 1`, // ours beside
+	} {
+		require.Contains(t, string(body), want)
+	}
+}

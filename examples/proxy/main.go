@@ -20,6 +20,7 @@ func main() {
 	configPath := flag.String("config", "", "optional YAML configuration (see examples/proxy/config.yaml)")
 	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends := flag.String("backends", "", "comma-separated base URLs of the model servers")
+	llmdMetrics := flag.Bool("llm-d-metrics", false, "also export llm-d's flow-control metric names (llm_d_epp_flow_control_*) on /metrics")
 	var sf serverFlags
 	sf.register(flag.CommandLine)
 	flag.Parse()
@@ -55,7 +56,7 @@ func main() {
 		fatal(errors.New("proxy: -backends is required"))
 	}
 	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls,
-		BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate, BackendResponseHeaderTimeout: sf.backendRespHeader})
+		BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate, BackendResponseHeaderTimeout: sf.backendRespHeader, LLMDMetrics: *llmdMetrics})
 	if err != nil {
 		fatal(err)
 	}

@@ -77,6 +77,9 @@ type Options struct {
 	// response headers. Default 10 min (a non-streamed completion's
 	// headers come when it is done).
 	BackendResponseHeaderTimeout time.Duration
+	// LLMDMetrics also exports llm-d's flow-control metric names
+	// (llm_d_epp_flow_control_*; see llmd.go) beside flowgate's.
+	LLMDMetrics bool
 	// Logf logs; default log.Printf. Use a no-op in tests.
 	Logf func(format string, args ...any)
 	// OnFinish, if set, is called when a gated request is finished: its
@@ -114,6 +117,7 @@ type Proxy struct {
 	backends []*backend
 	byMetric map[string]*backend
 	gate     http.Handler // flowhttp in front of forward
+	llmd     *llmdMetrics // nil unless Options.LLMDMetrics
 	reg      *prometheus.Registry
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
 	rr       atomic.Uint64          // tie-breaker for backend choice
@@ -241,6 +245,10 @@ func NewProxy(opts Options) (*Proxy, error) {
 		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
 	}, []string{"band", "code", "reason"})
 	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
+	if opts.LLMDMetrics {
+		p.llmd = newLLMDMetrics(p)
+		p.reg.MustRegister(p.llmd)
+	}
 	p.gate = flowhttp.Handler(ctrl, http.HandlerFunc(p.forward), flowhttp.Options{
 		Objectives:   cfg.Objectives,
 		DefaultBand:  cfg.DefaultBand,
@@ -436,6 +444,9 @@ func (p *Proxy) finished(r *http.Request, res flowhttp.Result) {
 		code = 0
 	}
 	p.answers.WithLabelValues(p.cfg.Bands[res.Band].Name, strconv.Itoa(code), reason).Inc()
+	if p.llmd != nil {
+		p.llmd.observe(res)
+	}
 	if p.onFinish != nil {
 		p.onFinish(res.Band, code, reason)
 	}
