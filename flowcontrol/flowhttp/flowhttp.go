@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -338,6 +339,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(rec, r)
 }
 
+// chunks are readBody's read buffers.
+var chunks = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
 // readBody reads the request body, bounded by size and by rate.
 func (h *handler) readBody(w http.ResponseWriter, r *http.Request, start time.Time) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
@@ -358,7 +362,9 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 	if n := r.ContentLength; n > 0 && (h.maxBody < 0 || n <= h.maxBody) {
 		buf.Grow(int(min(n, 1<<20)))
 	}
-	chunk := make([]byte, 32<<10)
+	cp := chunks.Get().(*[32 << 10]byte)
+	defer chunks.Put(cp)
+	chunk := cp[:]
 	var err error
 	for {
 		var n int
