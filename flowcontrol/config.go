@@ -55,6 +55,48 @@ type Config struct {
 	// Now is the clock for enqueue times and expiry. Nil means time.Now.
 	// Tests and simulators pass a virtual clock and call Step.
 	Now func() time.Time
+	// Pacing says what a dispatch opportunity is for a gated band. The
+	// zero value counts every tick, as a time.Ticker would.
+	Pacing Pacing
+}
+
+// Pacing says what counts as a dispatch opportunity: what a band's duty
+// cycle (Gate.Every) counts, and what grants a gated band (Every > 1) its
+// Burst. Open bands (Every 1) release everything on arrival whatever the
+// pacing; blocked bands (Every 0) release nothing. The zero value counts
+// ticks. Any field set replaces ticks with the events it names; several
+// add up.
+//
+// Why: scraped saturation lags (tens of milliseconds for queue depth,
+// much longer for the KV cache of long decodes), so what protects critical
+// traffic is how much a gated band releases between two readings the
+// dispatcher can actually see, not how much per unit of wall time.
+type Pacing struct {
+	// Readings counts each new saturation reading as an opportunity,
+	// when the Source is a ReadingSource.
+	Readings bool
+	// Completions counts each completion as an opportunity
+	// (Controller's done, Dispatcher.Complete), so a gated band releases
+	// as the pool frees capacity.
+	Completions bool
+	// Floor grants an opportunity every Floor (rounded up to whole ticks)
+	// even when no reading or completion comes, so a gated band is never
+	// starved. 0 means none.
+	Floor time.Duration
+}
+
+// enabled reports whether p replaces ticks with events.
+func (p Pacing) enabled() bool { return p.Readings || p.Completions || p.Floor > 0 }
+
+// ReadingSource is a SaturationSource that counts its readings: ReadingSeq
+// returns a number that grows by one with each new reading (a scrape result
+// that changed what Saturation reports, or could have), as
+// saturation.Poller's does. With
+// Pacing.Readings, the dispatcher counts each new reading as a dispatch
+// opportunity.
+type ReadingSource interface {
+	SaturationSource
+	ReadingSeq() uint64
 }
 
 // Limits on configuration.
@@ -116,6 +158,9 @@ func (c *Config) check() ([]BandConfig, error) {
 	}
 	if c.Burst < 0 {
 		return nil, fmt.Errorf("%w: Burst must be ≥ 0 (0 = default %d), got %d", ErrInvalidConfig, DefaultBurst, c.Burst)
+	}
+	if c.Pacing.Floor < 0 {
+		return nil, fmt.Errorf("%w: Pacing.Floor must be ≥ 0 (0 = none), got %v", ErrInvalidConfig, c.Pacing.Floor)
 	}
 	if c.Tick != 0 && c.Tick < MinTick {
 		return nil, fmt.Errorf("%w: Tick must be 0 (default %v) or ≥ %v, got %v", ErrInvalidConfig, DefaultTick, MinTick, c.Tick)

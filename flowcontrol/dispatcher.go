@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -55,8 +56,9 @@ type band[T any] struct {
 
 	// tick state
 	held   held[T] // items out of the ring but still queued (see held)
-	since  int     // ticks since the band last dispatched, saturating at MaxEvery
-	budget int     // items the band may still release in the current tick
+	since  int     // opportunities since the band last dispatched, saturating at MaxEvery
+	budget int     // items the band may still release until the next opportunity
+	gate   int     // the gate's Every at the last tick (-1, closed, before the first)
 
 	// counters: written under mu with Store (single writer), read by Stats
 	dispatched atomic.Uint64
@@ -113,6 +115,17 @@ type Dispatcher[T any] struct {
 	closedCh chan struct{}
 	notify   chan struct{} // 1-buffered: Enqueue and Abandon wake Run
 	running  atomic.Bool
+	awake    atomic.Bool // Run is ticking (not asleep): gates are at most a tick old
+
+	// pacing (tick state, under mu, except completions)
+	pacing         Pacing
+	paced          bool
+	readings       ReadingSource // Source, when it counts its readings and Pacing.Readings is set
+	lastReading    uint64
+	completions    atomic.Uint64
+	lastCompletion uint64
+	floorTicks     int64 // Pacing.Floor in ticks, 0 = none
+	floorCount     int64 // ticks counted toward the floor
 
 	mu         sync.Mutex // serialises ticks and Close's drain
 	ticks      atomic.Uint64
@@ -171,6 +184,15 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 	}
 	d.base = d.now()
 	d.saturation.Store(0)
+	d.pacing = cfg.Pacing
+	d.paced = cfg.Pacing.enabled()
+	if rs, ok := cfg.Source.(ReadingSource); ok && cfg.Pacing.Readings {
+		d.readings = rs
+		d.lastReading = rs.ReadingSeq()
+	}
+	if cfg.Pacing.Floor > 0 {
+		d.floorTicks = int64((cfg.Pacing.Floor + d.tick - 1) / d.tick)
+	}
 	for i, bc := range configs {
 		b := &d.bands[i]
 		b.ring = queue.NewRing[entry[T]](bc.Capacity)
@@ -180,6 +202,7 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 			d.timed = true
 		}
 		b.every.Store(1)
+		b.gate = -1                         // closed until the first tick reads a gate
 		b.ceiling.Store(0x3ff0000000000000) // 1.0 until the first tick
 	}
 	return d, nil
@@ -274,6 +297,10 @@ func (d *Dispatcher[T]) run(advance bool) {
 		now = d.nowNanos()
 	}
 	n := len(d.bands)
+	// ops is the number of dispatch opportunities since the last run:
+	// a tick, or, with Pacing, the readings, completions and floor ticks
+	// the pacing counts.
+	ops := d.opportunities(advance)
 	if advance {
 		s := Sanitize(d.source.Saturation())
 		d.saturation.Store(floatBits(s))
@@ -285,14 +312,12 @@ func (d *Dispatcher[T]) run(advance bool) {
 			// blocked, above MaxEvery is MaxEvery (since saturates
 			// there, so a larger Every would never open).
 			g.Every = min(max(g.Every, 0), MaxEvery)
-			if b.since < MaxEvery {
-				b.since++
-			}
-			if g.Every > 0 && b.since >= g.Every {
-				b.budget = d.burst
-			} else {
+			if b.gate == 1 && g.Every != 1 {
+				// Gated now: what was left of the open band's
+				// unlimited release is not carried over.
 				b.budget = 0
 			}
+			b.gate = g.Every
 			b.every.Store(int64(g.Every))
 			b.ceiling.Store(floatBits(g.Ceiling))
 			if b.maxWait > 0 {
@@ -302,6 +327,26 @@ func (d *Dispatcher[T]) run(advance bool) {
 	}
 	for i := range d.bands {
 		b := &d.bands[i]
+		if ops > 0 {
+			b.since = int(min(int64(b.since)+ops, MaxEvery))
+		}
+		switch {
+		case b.gate == 1:
+			// Open bands are work-conserving: no per-tick budget.
+			b.budget = math.MaxInt
+		case ops == 0 && !advance:
+			// A Poll between opportunities spends what is left.
+		case b.gate > 1 && b.since >= b.gate:
+			// Open by its duty cycle: a fresh Burst at each
+			// opportunity; between them (a Step with nothing to
+			// count) what the last one left, or a Burst if the band
+			// was empty when it opened.
+			if ops > 0 || b.budget == 0 {
+				b.budget = d.burst
+			}
+		default:
+			b.budget = 0
+		}
 		if b.abandoned.Load() > 0 {
 			d.reap(i, b)
 		}
@@ -309,6 +354,51 @@ func (d *Dispatcher[T]) run(advance bool) {
 			d.release(i, b, now)
 		}
 	}
+}
+
+// opportunities returns the dispatch opportunities since the last run and
+// advances the pacing's counters: one per Step when the dispatcher is not
+// paced; with Pacing, the new saturation readings and completions (on every
+// run, so a completion opens a gated band at once) and one per Floor of
+// ticks (on Step).
+func (d *Dispatcher[T]) opportunities(advance bool) int64 {
+	if !d.paced {
+		if advance {
+			return 1
+		}
+		return 0
+	}
+	var ops int64
+	if d.readings != nil {
+		seq := d.readings.ReadingSeq()
+		ops += int64(seq - d.lastReading)
+		d.lastReading = seq
+	}
+	if d.pacing.Completions {
+		c := d.completions.Load()
+		ops += int64(c - d.lastCompletion)
+		d.lastCompletion = c
+	}
+	if advance && d.floorTicks > 0 {
+		d.floorCount++
+		if d.floorCount%d.floorTicks == 0 {
+			ops++
+		}
+	}
+	return max(ops, 0)
+}
+
+// Complete tells the dispatcher that a released item has finished (its
+// request completed). With Pacing.Completions, each completion is a dispatch
+// opportunity for gated bands; otherwise it does nothing. Controller calls
+// it from done; a generic host calls it itself. Safe from any goroutine;
+// it never blocks.
+func (d *Dispatcher[T]) Complete() {
+	if !d.pacing.Completions {
+		return
+	}
+	d.completions.Add(1)
+	d.wake()
 }
 
 // credit counts k ticks on which nothing was queued, without running them:
@@ -324,9 +414,26 @@ func (d *Dispatcher[T]) credit(k int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.ticks.Add(uint64(k))
+	ops := k
+	if d.paced {
+		// Only the floor ticks among the k were opportunities; readings
+		// and completions are counted from their sequences at the next
+		// run, whenever they happened.
+		ops = 0
+		if d.floorTicks > 0 {
+			ops = (d.floorCount+k)/d.floorTicks - d.floorCount/d.floorTicks
+			d.floorCount += k
+		}
+	}
 	for i := range d.bands {
 		b := &d.bands[i]
-		b.since = int(min(int64(b.since)+k, MaxEvery))
+		b.since = int(min(int64(b.since)+ops, MaxEvery))
+		if b.gate != 1 {
+			// After a tick, a gated band holds either nothing or a
+			// fresh Burst, and the Step that follows the credit
+			// decides which from since: drop any leftover.
+			b.budget = 0
+		}
 	}
 }
 
@@ -488,6 +595,7 @@ func (d *Dispatcher[T]) begin() error {
 // loop is Run after begin; it clears the running mark when it returns.
 func (d *Dispatcher[T]) loop(ctx context.Context) error {
 	defer d.running.Store(false)
+	defer d.awake.Store(false)
 	var s schedule[T]
 	t := time.NewTimer(s.start(d))
 	defer t.Stop()
@@ -525,6 +633,7 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 	s.d = d
 	s.last = d.nowNanos()
 	d.Step()
+	d.awake.Store(true)
 	return d.tick
 }
 
@@ -540,6 +649,7 @@ func (s *schedule[T]) fire() (time.Duration, bool) {
 	d.Step()
 	if d.empty() {
 		s.asleep = true
+		d.awake.Store(false)
 		return 0, false
 	}
 	return time.Duration(s.last + tick - now), true
@@ -556,6 +666,7 @@ func (s *schedule[T]) nudge() (time.Duration, bool) {
 		return 0, false
 	}
 	s.asleep = false
+	defer d.awake.Store(true)
 	tick := int64(d.tick)
 	now := d.nowNanos()
 	if k := (now - s.last) / tick; k > 0 {
@@ -597,6 +708,27 @@ func (d *Dispatcher[T]) Close() {
 		}
 		b.budget = 0
 	}
+}
+
+// direct releases one item of band at once, in the caller's goroutine,
+// without queueing it: the Controller's fast path for an open band. It does
+// so only when Run is ticking (so the band's gate is at most a tick old; an
+// asleep Run has not read the saturation since it went to sleep), the band's
+// gate is open and nothing is queued in it (so FIFO order holds), and only if
+// the tick lock is free: a tick in progress sends the caller through the
+// queue instead. The release is counted as a dispatch like any other.
+func (d *Dispatcher[T]) direct(bandIdx int) bool {
+	b := &d.bands[bandIdx]
+	if !d.awake.Load() || b.queued.Load() != 0 || !d.mu.TryLock() {
+		return false
+	}
+	defer d.mu.Unlock()
+	if d.closed.Load() || b.gate != 1 || b.queued.Load() != 0 {
+		return false
+	}
+	b.since = 0
+	bump(&b.dispatched)
+	return true
 }
 
 // Closed reports whether Close has been called.

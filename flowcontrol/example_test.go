@@ -13,8 +13,9 @@ type constSat float64
 
 func (s constSat) Saturation() float64 { return float64(s) }
 
-// Two bands at saturation 0.75: critical goes every tick, sheddable on one
-// tick in three. Step drives time, so the output is deterministic.
+// Two bands at saturation 0.75: critical is open, so everything queued on it
+// goes at once; sheddable is gated, one item (Burst) on one tick in three.
+// Step drives time, so the output is deterministic.
 func ExampleNewDispatcher() {
 	d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[string]{Config: flowcontrol.Config{Bands: bandsOf(2, 16), Burst: 1, Source: constSat(0.75)}, Dispatch: func(band int, item string) { fmt.Printf("  band %d: %s\n", band, item) }})
 	if err != nil {
@@ -32,10 +33,10 @@ func ExampleNewDispatcher() {
 	// Output:
 	// tick 1
 	//   band 0: critical-1
-	// tick 2
 	//   band 0: critical-2
-	// tick 3
 	//   band 0: critical-3
+	// tick 2
+	// tick 3
 	//   band 1: sheddable-1
 }
 

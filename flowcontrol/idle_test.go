@@ -17,9 +17,11 @@ import (
 type idleSat struct {
 	bits  atomic.Uint64
 	reads atomic.Int64
+	seq   atomic.Uint64
 }
 
-func (s *idleSat) set(v float64) { s.bits.Store(math.Float64bits(v)) }
+func (s *idleSat) set(v float64)      { s.bits.Store(math.Float64bits(v)); s.seq.Add(1) }
+func (s *idleSat) ReadingSeq() uint64 { return s.seq.Load() }
 func (s *idleSat) Saturation() float64 {
 	s.reads.Add(1)
 	return math.Float64frombits(s.bits.Load())
@@ -51,6 +53,10 @@ func TestIdleSleepIsExact(t *testing.T) {
 			}
 		}
 		burst := rapid.IntRange(1, 3).Draw(t, "burst")
+		pacing := rapid.SampledFrom([]Pacing{
+			{}, {Readings: true}, {Completions: true}, {Floor: 3 * time.Millisecond},
+			{Readings: true, Completions: true, Floor: 2 * time.Millisecond},
+		}).Draw(t, "pacing")
 		var clock atomic.Int64
 		clock.Store(1e9)
 		now := func() time.Time { return time.Unix(0, clock.Load()) }
@@ -61,7 +67,7 @@ func TestIdleSleepIsExact(t *testing.T) {
 		mk := func(log *[]idleEvent) *Dispatcher[int] {
 			at := func() int64 { return clock.Load() }
 			d, err := NewDispatcher(DispatcherConfig[int]{
-				Config: Config{Bands: bands, Source: sat, Burst: burst, Tick: time.Duration(tick), Now: now},
+				Config: Config{Bands: bands, Source: sat, Burst: burst, Tick: time.Duration(tick), Now: now, Pacing: pacing},
 				Dispatch: func(b, i int) {
 					*log = append(*log, idleEvent{b, i, nil, at()})
 				},
@@ -111,6 +117,20 @@ func TestIdleSleepIsExact(t *testing.T) {
 				t.Fatalf("%s: ticks %d/%d saturation %v/%v", where, sa.Ticks, sb.Ticks, sa.Saturation, sb.Saturation)
 			}
 		}
+		// toNextGrid moves the clock to the next grid point, where A
+		// ticks and B's timer fires if it is armed.
+		toNextGrid := func(t *rapid.T) {
+			grid += tick
+			clock.Store(grid)
+			a.Step()
+			switch {
+			case armed && timerAt == grid:
+				armed = false
+				arm(s.fire())
+			case armed && timerAt < grid:
+				t.Fatalf("timer at %d missed the grid point %d", timerAt, grid)
+			}
+		}
 		t.Repeat(map[string]func(*rapid.T){
 			// To the next grid point, where the saturation may change
 			// before the tick reads it.
@@ -118,27 +138,13 @@ func TestIdleSleepIsExact(t *testing.T) {
 				if rapid.Bool().Draw(t, "change") {
 					sat.set(rapid.SampledFrom([]float64{0, 0.6, 0.75, 0.9, 1.2}).Draw(t, "sat"))
 				}
-				grid += tick
-				clock.Store(grid)
-				a.Step()
-				if armed && timerAt == grid {
-					armed = false
-					arm(s.fire())
-				} else if armed && timerAt < grid {
-					t.Fatalf("timer at %d missed the grid point %d", timerAt, grid)
-				}
+				toNextGrid(t)
 				compare("tick")
 			},
 			// A long idle stretch, ticked through.
 			"idle": func(t *rapid.T) {
 				for range rapid.IntRange(1, 50).Draw(t, "ticks") {
-					grid += tick
-					clock.Store(grid)
-					a.Step()
-					if armed && timerAt == grid {
-						armed = false
-						arm(s.fire())
-					}
+					toNextGrid(t)
 				}
 				compare("idle")
 			},
@@ -156,6 +162,15 @@ func TestIdleSleepIsExact(t *testing.T) {
 				a.Poll() // Run's wake-up on Enqueue
 				arm(s.nudge())
 				compare("enqueue")
+			},
+			// A released request finishes (an opportunity under
+			// Pacing.Completions); it may come while queues are empty.
+			"complete": func(t *rapid.T) {
+				a.Complete()
+				b.Complete()
+				a.Poll()
+				arm(s.nudge())
+				compare("complete")
 			},
 			"abandon": func(t *rapid.T) {
 				if item == 0 {

@@ -21,7 +21,8 @@ type modelItem struct {
 
 // model is a straightforward sequential re-statement of the dispatcher's
 // contract over gods queues: per band FIFO, tick counts since the last
-// dispatch, a per-tick budget, expiry at the due tick, dead items skipped
+// dispatch, open bands (Every 1) releasing everything, a per-tick budget for
+// gated ones, expiry at the due tick, dead items skipped
 // without spending the budget, Close ending everything with ErrClosed; an
 // item whose owner gave up ends as cancelled whichever way it is reached.
 type model struct {
@@ -29,6 +30,7 @@ type model struct {
 	bands    []*linkedlistqueue.Queue[modelItem]
 	since    []int
 	budget   []int
+	open     []bool // the band's gate at the last tick was Every 1 (closed before the first)
 	maxWait  []time.Duration
 	capacity int
 	burst    int
@@ -72,6 +74,7 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 			if m.since[b] < flowcontrol.MaxEvery {
 				m.since[b]++
 			}
+			m.open[b] = g.Every == 1
 			m.budget[b] = 0
 			if g.Every > 0 && m.since[b] >= g.Every {
 				m.budget[b] = m.burst
@@ -102,6 +105,10 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 			m.bands[b] = kept
 		}
 		q := m.bands[b]
+		if m.open[b] {
+			// Open bands are work-conserving: no budget.
+			m.budget[b] = 1 << 62
+		}
 		for m.budget[b] > 0 {
 			it, ok := q.Dequeue()
 			if !ok {
@@ -139,7 +146,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 		sat := newSat(0)
 		m := &model{
 			policy: flowcontrol.NewSoftReflective(), capacity: capacity, burst: burst, maxWait: maxWait,
-			since: make([]int, bands), budget: make([]int, bands), pending: make([]bool, bands),
+			since: make([]int, bands), budget: make([]int, bands), open: make([]bool, bands), pending: make([]bool, bands),
 			dead: map[int]bool{}, outcome: map[int]error{},
 		}
 		for b := 0; b < bands; b++ {
