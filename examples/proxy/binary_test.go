@@ -309,3 +309,63 @@ func TestBinarySIGTERMDrainBounded(t *testing.T) {
 	require.GreaterOrEqual(t, took, 400*time.Millisecond, "the dribblers should have held it to the bound")
 	require.Contains(t, r.logs(), "drain bound")
 }
+
+// When the connections above max−reserved cannot be made by evicting idle
+// ones (every connection is busy), the reserved headroom serves critical
+// requests only: a sheddable request there is answered 503 overloaded.
+func TestBinaryReservedConnsForCritical(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 64)
+	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if strings.Contains(r.Header.Get(gateway.ObjectiveHeader), "hold") {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	defer close(release)
+	// Objectives: "hold" is a critical objective that the backend holds
+	// open, so 15 connections stay busy.
+	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfgPath, []byte("flowControl:\n  objectives: {hold: critical}\n"), 0o600))
+	r := runProxy(t, 0, b.srv.URL, "-config", cfgPath, "-max-conns", "20", "-reserved-conns", "5",
+		"-min-body-rate", "-1")
+	var busy []net.Conn
+	defer func() {
+		for _, c := range busy {
+			c.Close()
+		}
+	}()
+	for range 15 {
+		c, err := net.Dial("tcp", r.addr)
+		require.NoError(t, err)
+		busy = append(busy, c)
+		_, err = fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s: hold\r\nContent-Length: 2\r\n\r\n{}", gateway.ObjectiveHeader)
+		require.NoError(t, err)
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("held request %d did not reach the backend\n%s", len(busy), r.logs())
+		}
+	}
+	ask := func(objective string) (int, string) {
+		c, _, resp := dialAndAsk(t, r.addr, fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s: %s\r\nContent-Length: 2\r\n\r\n{}",
+			gateway.ObjectiveHeader, objective))
+		c.Close()
+		return resp.StatusCode, resp.Header.Get(gateway.ReasonHeader)
+	}
+	code, reason := ask("sheddable")
+	require.Equal(t, http.StatusServiceUnavailable, code, "a sheddable request took reserved room")
+	require.Equal(t, "overloaded", reason)
+	for range 3 {
+		code, _ = ask("critical")
+		require.Equal(t, http.StatusOK, code, "critical request on the reserved room\n%s", r.logs())
+	}
+}

@@ -65,7 +65,7 @@ func main() {
 		fatal(err)
 	}
 	lim := newConnLimiter(ln, sf.maxConns, sf.reservedConns)
-	srv := newServer(p, &sf)
+	srv := newServer(reserveForCritical(p.Critical, p), &sf)
 	srv.ConnState = lim.connState
 	p.Start()
 	served := make(chan error, 1)

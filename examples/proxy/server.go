@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 )
 
 // serverFlags are the proxy's HTTP server hardening settings. Defaults:
@@ -80,7 +82,9 @@ func (f *serverFlags) validate() error {
 // connLimiter caps the client connections the server holds. Above
 // max−reserved it evicts the longest-idle keep-alive connection for every
 // new one, so a client hoarding idle connections cannot take the room new
-// (critical) requests need; at max with nothing idle to evict, a new
+// (critical) requests need. When nothing idle can be evicted, a connection
+// accepted above max−reserved is a reserved one: only critical requests
+// (and GETs) are served on it (reserveForCritical); at max, a new
 // connection is closed at once.
 type connLimiter struct {
 	net.Listener
@@ -112,6 +116,9 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			_ = c.Close() // full, nothing idle to evict
 			continue
 		}
+		if l.open >= l.soft {
+			c = &reservedConn{c}
+		}
 		l.open++
 		l.known[c] = true
 		l.mu.Unlock()
@@ -130,9 +137,45 @@ func (l *connLimiter) evictLocked() {
 	}
 	if oldest != nil {
 		delete(l.idle, oldest)
-		_ = oldest.Close() // net/http sees it closed: StateClosed follows
+		// Its room is free now: StateClosed, which follows, finds it
+		// gone from known and does not count it twice.
+		delete(l.known, oldest)
+		l.open--
+		_ = oldest.Close()
 	}
 }
+
+// reservedConn is a connection accepted in the reserved headroom.
+type reservedConn struct{ net.Conn }
+
+type reservedKey struct{}
+
+// connContext marks the requests of a reserved connection.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if _, ok := c.(*reservedConn); ok {
+		return context.WithValue(ctx, reservedKey{}, true)
+	}
+	return ctx
+}
+
+// reserveForCritical serves, on a reserved connection, only GETs (health,
+// models, metrics) and requests whose objective is critical (band 0);
+// anything else is answered 503 overloaded and the connection closed, so
+// the headroom stays for critical traffic.
+func reserveForCritical(critical func(http.Header) bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Context().Value(reservedKey{}) != nil && r.Method != http.MethodGet && r.Method != http.MethodHead && !critical(r.Header) {
+			w.Header().Set("Connection", "close")
+			flowhttp.WriteError(w, http.StatusServiceUnavailable, reasonOverloaded,
+				"the proxy's free connections are kept for critical requests", true)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// reasonOverloaded answers a non-critical request on a reserved connection.
+const reasonOverloaded = "overloaded"
 
 // connState is the server's ConnState hook.
 func (l *connLimiter) connState(c net.Conn, s http.ConnState) {
@@ -156,6 +199,7 @@ func (l *connLimiter) connState(c net.Conn, s http.ConnState) {
 func newServer(h http.Handler, f *serverFlags) *http.Server {
 	return &http.Server{
 		Handler:           h,
+		ConnContext:       connContext,
 		ReadHeaderTimeout: f.headerTimeout,
 		IdleTimeout:       f.idleTimeout,
 		MaxHeaderBytes:    f.maxHeaderBytes,

@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -371,6 +372,24 @@ func (p *Proxy) Close() {
 
 // Controller returns the flow controller (for Stats).
 func (p *Proxy) Controller() *flowcontrol.Controller { return p.ctrl }
+
+// Critical reports whether a request's objective header (llm-d's or the
+// legacy one, case-insensitively) names band 0.
+func (p *Proxy) Critical(h http.Header) bool {
+	v := h.Get(ObjectiveHeader)
+	if v == "" {
+		v = h.Get(LegacyObjectiveHeader)
+	}
+	if v == "" {
+		return false
+	}
+	for k, b := range p.cfg.Objectives {
+		if b == 0 && strings.EqualFold(k, v) {
+			return true
+		}
+	}
+	return false
+}
 
 // Poller returns the saturation poller (for its readings).
 func (p *Proxy) Poller() *saturation.Poller { return p.poller }
