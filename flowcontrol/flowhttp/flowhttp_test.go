@@ -431,3 +431,24 @@ func TestInvalidOptionsPanic(t *testing.T) {
 		}()
 	}
 }
+
+// A client that leaves while sending its body is not answered and not
+// queued: the result is cancelled, with ErrClientGone.
+func TestClientGoneMidBody(t *testing.T) {
+	e := start(t, nil, ok, flowhttp.Options{})
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\npartial")
+	conn.Close() // net/http cancels the request's context on the read error
+	r := e.result(t)
+	if r.Status != flowhttp.StatusClientClosed || r.Reason != flowhttp.ReasonCancelled || !errors.Is(r.Err, flowhttp.ErrClientGone) {
+		t.Errorf("result %+v", r)
+	}
+	for _, b := range e.ctrl.Stats().Bands {
+		if b.Dispatched+b.Cancelled+b.Rejected != 0 {
+			t.Errorf("a request that never sent its body reached the controller: %+v", b)
+		}
+	}
+}
