@@ -209,12 +209,6 @@ func NewProxy(opts Options) (*Proxy, error) {
 			Staleness:           sc.MetricsStalenessThreshold,
 			InFlightCredit:      sc.InFlightCredit,
 		},
-		InFlight: func(endpoint string) int64 {
-			if b := p.byMetric[endpoint]; b != nil {
-				return b.inflight.Load()
-			}
-			return 0
-		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: saturation: %w", err)
@@ -489,6 +483,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	}
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
+	// The poller counts the request on its backend at once (the in-flight
+	// credit, when on, moves the saturation now, not at the next scrape).
+	if p.poller.Dispatched(b.metrics) {
+		defer p.poller.Finished(b.metrics)
+	}
 	rec := &statusRecorder{ResponseWriter: w}
 	defer func() {
 		// A stream the backend cut (not the client) aborts the handler
@@ -505,11 +504,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	}()
 	if p.cfg.BodyPriority == BodyPriorityStrip && r.Body != nil {
 		stripPriority(r)
-	}
-	if p.cfg.Saturation.InFlightCredit {
-		// Credit the new request to its backend now, not at the next
-		// scrape: a burst of dispatches shows in the saturation at once.
-		p.poller.Rescore()
 	}
 	b.rp.ServeHTTP(rec, r)
 	if rec.code >= 500 || (rec.proxyErr && rec.code != 0) {
