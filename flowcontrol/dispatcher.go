@@ -429,13 +429,25 @@ func (d *Dispatcher[T]) credit(k int64) {
 		b := &d.bands[i]
 		b.since = int(min(int64(b.since)+ops, MaxEvery))
 		if b.gate != 1 {
-			// After a tick, a gated band holds either nothing or a
-			// fresh Burst, and the Step that follows the credit
-			// decides which from since: drop any leftover.
+			// After a tick on which it released nothing, a gated
+			// band holds a fresh Burst if its duty cycle is open
+			// and nothing otherwise (never a leftover): decide as
+			// the last of the k ticks would have.
 			b.budget = 0
+			if b.gate > 1 && b.since >= b.gate {
+				b.budget = d.burst
+			}
 		}
 	}
 }
+
+// Skip counts k ticks without running them, for hosts that drive Step on
+// virtual time and skip the ticks on which nothing can change: tick counts,
+// duty cycles and Pacing's floor advance exactly as k Steps would have
+// advanced them, provided that on those ticks no band could release,
+// expire or reap anything (every band empty or blocked, the saturation and
+// so the gates unchanged). Run does the same when it wakes from idle.
+func (d *Dispatcher[T]) Skip(k int64) { d.credit(k) }
 
 // empty reports whether no band holds anything, nor owes a sweep.
 func (d *Dispatcher[T]) empty() bool {

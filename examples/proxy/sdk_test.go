@@ -91,7 +91,7 @@ func TestOpenAISDKDecodesProxyRefusals(t *testing.T) {
 	cfg.Bands[1].Capacity = 1
 	h := newHarness(t, cfg, b)
 	b.saturated.Store(true) // sheddable blocked
-	eventually(t, "the pool reads saturated", func() bool { return h.p.Poller().Saturation() >= 1 })
+	gatedNow(t, h.p)
 	url, hits := frontOf(t, h)
 	params := openai.CompletionNewParams{Model: "m", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}}
 
@@ -109,7 +109,7 @@ func TestOpenAISDKDecodesProxyRefusals(t *testing.T) {
 	// Fill the one sheddable place, then the next is refused 429.
 	cfg.Bands[1].MaxWait = 0
 	h2 := newHarness(t, cfg, b)
-	eventually(t, "the pool reads saturated", func() bool { return h2.p.Poller().Saturation() >= 1 })
+	gatedNow(t, h2.p)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	held := make(chan error, 1)

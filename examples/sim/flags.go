@@ -13,6 +13,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/cluster"
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
+	"github.com/flowgate/flowgate/flowcontrol"
 )
 
 // options are the parsed command line.
@@ -32,6 +33,7 @@ type options struct {
 	plot        string
 	tick        time.Duration
 	burst       int
+	pacing      flowcontrol.Pacing
 	credit      bool
 	scrape      time.Duration
 	replicas    int
@@ -70,7 +72,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.gateways, "gateways", 1, "independent gateways (dispatchers) sharing the pool, each with 1/N of the traffic")
 	fs.StringVar(&o.plot, "plot", "", "write an SVG chart of the changes (soft-reflective vs static) to this file")
 	fs.DurationVar(&o.tick, "tick", 0, "dispatcher tick (0 = flowcontrol.DefaultTick)")
-	fs.IntVar(&o.burst, "burst", 0, "items an open band releases per tick (0 = flowcontrol.DefaultBurst)")
+	fs.IntVar(&o.burst, "burst", 0, "items a gated band releases per opportunity (0 = flowcontrol.DefaultBurst); open bands release everything")
+	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
 	fs.IntVar(&o.replicas, "replicas", 2, "vLLM replicas in the pool")
@@ -126,6 +129,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, fmt.Errorf("-policy: %q must be none, llmd-static, llmd-soft-reflective, static, soft-reflective or both", f)
 		}
 	}
+	p, err := parsePacing(*pacing)
+	if err != nil {
+		return o, err
+	}
+	o.pacing = p
 	if o.format != "table" && o.format != "json" {
 		return o, fmt.Errorf("-format: %q must be table or json", o.format)
 	}
@@ -173,8 +181,34 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	rc.Step = o.step
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
-		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst,
+		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
 		Credit: o.credit, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}
+}
+
+// parsePacing reads -pacing: "" or "ticks" for the zero Pacing, otherwise
+// '+'-joined terms readings, completions and floor=DURATION.
+func parsePacing(v string) (flowcontrol.Pacing, error) {
+	var p flowcontrol.Pacing
+	if v == "" || v == "ticks" {
+		return p, nil
+	}
+	for _, term := range strings.Split(v, "+") {
+		switch {
+		case term == "readings":
+			p.Readings = true
+		case term == "completions":
+			p.Completions = true
+		case strings.HasPrefix(term, "floor="):
+			d, err := time.ParseDuration(strings.TrimPrefix(term, "floor="))
+			if err != nil || d <= 0 {
+				return p, fmt.Errorf("-pacing: %q: floor wants a positive duration", term)
+			}
+			p.Floor = d
+		default:
+			return p, fmt.Errorf("-pacing: %q must be ticks, or '+'-joined readings, completions, floor=DURATION", term)
+		}
+	}
+	return p, nil
 }

@@ -60,12 +60,16 @@ type Config struct {
 	Replicas   int           // vLLM replicas (0 = 2)
 	Gateways   int           // independent dispatchers sharing the pool (0 = 1)
 	Tick       time.Duration // dispatcher tick (0 = flowcontrol.DefaultTick)
-	Burst      int           // items per open band per tick (0 = flowcontrol.DefaultBurst)
-	Credit     bool          // count dispatched-but-invisible requests as waiting
-	Scrape     time.Duration // metrics scrape interval (0 = 50 ms)
-	CV         float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity   int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica    vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	Burst      int           // items per gated band per opportunity (0 = flowcontrol.DefaultBurst)
+	// Pacing is what a gated band's duty cycle counts (zero = ticks); see
+	// flowcontrol.Pacing. Readings are this gateway's scrapes, completions its
+	// requests finishing.
+	Pacing   flowcontrol.Pacing
+	Credit   bool          // count dispatched-but-invisible requests as waiting
+	Scrape   time.Duration // metrics scrape interval (0 = 50 ms)
+	CV       float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica  vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
 	CatchUp int

@@ -96,6 +96,7 @@ type gateway struct {
 	// readVer counts changes of readings; satCache holds the saturation computed at
 	// satVer, valid until the virtual time satUntil (see source.Saturation).
 	readVer, satVer uint64
+	scrapes         uint64 // scrape rounds, the reading sequence
 	satCache        float64
 	satUntil        int64
 	satOK           bool
@@ -147,6 +148,10 @@ type source struct {
 	s *sim
 	g *gateway
 }
+
+// ReadingSeq counts the gateway's scrapes (flowcontrol.ReadingSource), for
+// Pacing.Readings.
+func (src source) ReadingSeq() uint64 { return src.g.scrapes }
 
 // The value is cached: it is a pure function of the readings and of which of them are
 // stale (now − At > Staleness), so it is recomputed only after the readings change
@@ -298,6 +303,7 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 				Burst:  cfg.Burst,
 				Tick:   cfg.Tick,
 				Now:    s.nowTime,
+				Pacing: cfg.Pacing,
 			},
 			Dispatch:  func(band int, id int32) { s.dispatch(gi, band, id) },
 			OnDrop:    onDrop,
@@ -405,6 +411,13 @@ func (s *sim) catchUp(g *gateway) {
 		return
 	}
 	switch {
+	case g.d != nil && s.cfg.Pacing != (flowcontrol.Pacing{}):
+		// Under pacing the skipped ticks may hold floor opportunities:
+		// Skip counts all but the last exactly, and the last is run (so
+		// the gates are read even if no tick ran before), as Run does
+		// when it wakes.
+		g.d.Skip(last - g.lastTick - 1)
+		g.d.Step()
 	case g.d != nil:
 		n := min(last-g.lastTick, int64(s.cfg.CatchUp))
 		for range n {
@@ -620,6 +633,7 @@ func (s *sim) scrape(g *gateway, gi int32) {
 			KVUsage: m.KVCacheUsage, InFlight: g.inflight[r], At: at, OK: true}
 	}
 	g.readVer++
+	g.scrapes++
 	s.push(s.now+int64(s.cfg.Scrape), evScrape, gi)
 	s.schedule(g, gi)
 }
@@ -701,6 +715,12 @@ func (s *sim) stepEnd(r int) {
 			g.inflight[r]--
 			g.readings[r].InFlight = g.inflight[r]
 			g.readVer++
+			if g.d != nil && s.cfg.Pacing.Completions {
+				// A completion is an opportunity: Run would wake
+				// and poll at once.
+				g.d.Complete()
+				g.d.Poll()
+			}
 			s.schedule(g, q.gw)
 		}
 	}

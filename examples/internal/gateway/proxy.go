@@ -511,13 +511,15 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	} else if rec.code != 0 {
 		b.failedAt.Store(0)
 	}
+	// A client that leaves mid-response makes the copy fail, and the
+	// reverse proxy panics with http.ErrAbortHandler (recovered above). A
+	// context cancelled after a complete copy (the client closed as soon
+	// as it had the last byte) is a forwarded answer.
 	switch {
 	case rec.proxyErr && rec.code == 0:
 		st.reason = ReasonCancelled // the client left before the backend answered
 	case rec.proxyErr:
 		st.reason = ReasonBackendError
-	case r.Context().Err() != nil:
-		st.reason = ReasonCancelled // left mid-response
 	}
 }
 
