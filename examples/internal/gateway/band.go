@@ -1,33 +1,29 @@
-package main
+package gateway
 
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 )
 
-// ObjectiveHeader names the request's objective, as in the Gateway API
-// Inference Extension; the proxy maps it to a band through Config.Objectives.
-const ObjectiveHeader = "x-gateway-inference-objective"
-
-// objectiveKey is ObjectiveHeader in canonical form, so that the lookup
-// does not canonicalise (and allocate) on every request.
-var objectiveKey = http.CanonicalHeaderKey(ObjectiveHeader)
-
-// Where a request's band came from (the x-flowgate-band-source response
-// header and the logs say which).
+// The objective headers the proxy reads (flowhttp's): llm-d's, and the
+// Gateway API Inference Extension's legacy name.
 const (
-	sourceHeader  = "header"
-	sourceBody    = "priority"
-	sourceDefault = "default"
+	ObjectiveHeader       = flowhttp.ObjectiveHeader
+	LegacyObjectiveHeader = flowhttp.LegacyObjectiveHeader
 )
 
-// bandFor resolves a request's band, in this order:
+// A request's band is found by flowhttp, in this order:
 //
-//  1. the x-gateway-inference-objective header, if present and known:
-//     Objectives[value] (by default critical → band 0, sheddable → the last
-//     band, and every band's own name). An unknown objective falls through.
+//  1. the objective header (x-llm-d-inference-objective, else the legacy
+//     x-gateway-inference-objective), if its value is a known objective,
+//     case-insensitively: Config.Objectives (by default critical → band 0,
+//     sheddable → the last band, and every band's own name). An unknown
+//     objective falls through.
 //  2. vLLM's body field "priority", if the body is a JSON object whose
 //     top-level "priority" is an integer: vLLM's convention is lower = more
 //     urgent, so priority p goes to band clamp(p, 0, bands−1): priority ≤ 0
@@ -36,19 +32,6 @@ const (
 //
 // It never fails: a malformed body or header only means the next rule
 // applies (the body is forwarded untouched and the model server judges it).
-func bandFor(cfg *Config, h http.Header, body []byte) (band int, source string) {
-	if vs := h[objectiveKey]; len(vs) > 0 && vs[0] != "" {
-		v := vs[0]
-		if b, ok := cfg.Objectives[v]; ok {
-			return b, sourceHeader
-		}
-	}
-	if p, ok := bodyPriority(body); ok {
-		n := int64(len(cfg.Bands) - 1)
-		return int(min(max(p, 0), n)), sourceBody
-	}
-	return cfg.DefaultBand, sourceDefault
-}
 
 // bodyPriority extracts the top-level integer "priority" of a JSON object.
 // It reports false for anything else: not JSON, not an object, no such key,
@@ -80,4 +63,27 @@ func bodyPriority(body []byte) (int64, bool) {
 		return 0, false
 	}
 	return p, true
+}
+
+// stripPriority removes the top-level "priority" of a JSON object body
+// (Config.BodyPriority strip): vLLM refuses a non-zero priority unless it runs
+// with --scheduling-policy priority. A body without one, or not a JSON
+// object, is forwarded as it is.
+func stripPriority(r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err == nil {
+		if _, ok := bodyPriority(body); ok {
+			var fields map[string]json.RawMessage
+			if json.Unmarshal(body, &fields) == nil {
+				delete(fields, "priority")
+				if out, err := json.Marshal(fields); err == nil {
+					body = out
+				}
+			}
+		}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flowgate/flowgate/examples/internal/gateway"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 )
 
@@ -197,7 +198,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(ObjectiveHeader, objective)
+	req.Header.Set(gateway.ObjectiveHeader, objective)
 	sentAt := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
@@ -207,7 +208,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		reason := resp.Header.Get(ReasonHeader)
+		reason := resp.Header.Get(gateway.ReasonHeader)
 		cls.record(func() {
 			cls.Status[resp.StatusCode]++
 			if reason != "" {

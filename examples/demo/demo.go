@@ -1,3 +1,7 @@
+// Command demo runs the proxy demo: two fake vLLM backends, the flowgate
+// proxy in front of them and an open-loop load generator over loopback HTTP,
+// once with the static baseline and once with soft-reflective, and prints
+// TTFT p99 side by side.
 package main
 
 import (
@@ -9,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/fakevllm"
+	"github.com/flowgate/flowgate/examples/internal/gateway"
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
@@ -16,7 +21,7 @@ import (
 
 // DemoSpec configures one demo run (both policies).
 type DemoSpec struct {
-	Config   Config // bands, saturation settings; the policy is set per phase
+	Config   gateway.Config // bands, saturation settings; the policy is set per phase
 	Backends int
 	// Replica is the fake backends' model; zero: vllm.DefaultConfig().
 	Replica vllm.Config
@@ -53,7 +58,7 @@ func listen(h http.Handler) (*http.Server, string, error) {
 // RunPhase starts fresh fake backends and a proxy with the given policy,
 // runs the load through the proxy over loopback HTTP, then shuts everything
 // down.
-func RunPhase(ctx context.Context, spec DemoSpec, policy PolicyRef) (res *PhaseResult, err error) {
+func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef) (res *PhaseResult, err error) {
 	out := spec.Out
 	if out == nil {
 		out = io.Discard
@@ -84,7 +89,7 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy PolicyRef) (res *PhaseR
 	}
 	cfg := scaleConfig(spec.Config, spec.Load.SpeedUp)
 	cfg.Policy = policy
-	p, err := NewProxy(Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}})
 	if err != nil {
 		return nil, err
 	}
@@ -132,12 +137,12 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy PolicyRef) (res *PhaseR
 // 50 ms scrape interval would be SpeedUp× staler, in model time, than a real
 // gateway's. Scaled, the gateway sees the backends as a real one would see
 // real servers. The bands are copied (the caller's Config is not modified).
-func scaleConfig(cfg Config, speedUp float64) Config {
+func scaleConfig(cfg gateway.Config, speedUp float64) gateway.Config {
 	if speedUp <= 1 {
 		return cfg
 	}
 	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speedUp) }
-	cfg.Bands = append([]Band(nil), cfg.Bands...)
+	cfg.Bands = append([]gateway.Band(nil), cfg.Bands...)
 	for i := range cfg.Bands {
 		cfg.Bands[i].MaxWait = scale(cfg.Bands[i].MaxWait)
 	}
@@ -162,7 +167,7 @@ func RunDemo(ctx context.Context, spec DemoSpec) ([]*PhaseResult, error) {
 		spec.Backends, spec.Load.SpeedUp, spec.Load.Workload.Name, spec.Load.QPS, spec.Load.QPS*spec.Load.SpeedUp,
 		100*spec.Load.Workload.CriticalShare, spec.Load.Duration)
 	var results []*PhaseResult
-	for _, pol := range []PolicyRef{
+	for _, pol := range []gateway.PolicyRef{
 		{Type: flowcontrol.StaticPolicyName, Threshold: 1.0},
 		{Type: flowcontrol.SoftReflectivePolicyName},
 	} {

@@ -1,7 +1,6 @@
-package main
+package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,53 +20,67 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
 	"github.com/flowgate/flowgate/saturation"
 )
 
-// Response headers the proxy sets.
+// Headers the proxy sets: flowhttp's.
 const (
 	// ReasonHeader says why the proxy itself answered (no model server
-	// response): one of the reason* values below.
-	ReasonHeader = "x-flowgate-reason"
+	// response): one of the Reason values below. llm-d's name.
+	ReasonHeader = flowhttp.DroppedReasonHeader
 	// BandHeader carries the band the request was queued in.
-	BandHeader = "x-flowgate-band"
+	BandHeader = flowhttp.BandHeader
 )
 
-// Reasons in ReasonHeader, with their status codes:
+// Reasons in ReasonHeader, with their status codes (flowhttp's, plus the
+// proxy's own no-backend and backend-error):
 //
-//	queue-full     429  the band already holds its capacity of waiting requests
-//	expired        503  waited longer than the band's maxWait
-//	shutting-down  503  the proxy is shutting down (it was queued, or arrived late)
-//	body-too-large 413  the request body exceeds MaxBodyBytes
-//	bad-body       400  the request body could not be read
-//	no-backend     503  no backend is configured
-//	backend-error  502  the backend could not be reached or failed mid-response
+//	queue-full       429  the band already holds its capacity of waiting requests
+//	queue-bytes-full 429  the band's waiting bodies fill its byte budget
+//	expired          503  waited longer than the band's maxWait (x-should-retry: false)
+//	shutting-down    503  the proxy is shutting down (it was queued, or arrived late)
+//	body-too-large   413  the request body exceeds MaxBodyBytes
+//	body-timeout     408  the request body arrived slower than MinBodyRate
+//	bad-body         400  the request body could not be read
+//	no-backend       503  no backend is configured
+//	backend-error    502  the backend could not be reached or failed mid-response
 //
 // A client that goes away while queued gets no answer (there is nobody to
 // answer) and is counted as the cancelled outcome.
 const (
-	reasonQueueFull    = "queue-full"
-	reasonExpired      = "expired"
-	reasonShutdown     = "shutting-down"
-	reasonTooLarge     = "body-too-large"
-	reasonBadBody      = "bad-body"
-	reasonNoBackend    = "no-backend"
-	reasonBackendError = "backend-error"
-	reasonCancelled    = "cancelled" // metrics only: never sent
-	reasonForwarded    = "forwarded" // metrics only: the backend answered
+	ReasonQueueFull    = flowhttp.ReasonQueueFull
+	ReasonBytesFull    = flowhttp.ReasonBytesFull
+	ReasonExpired      = flowhttp.ReasonExpired
+	ReasonShutdown     = flowhttp.ReasonShuttingDown
+	ReasonTooLarge     = flowhttp.ReasonTooLarge
+	ReasonBodyTimeout  = flowhttp.ReasonBodyTimeout
+	ReasonBadBody      = flowhttp.ReasonBadBody
+	ReasonNoBackend    = "no-backend"
+	ReasonBackendError = "backend-error"
+	ReasonCancelled    = flowhttp.ReasonCancelled // metrics only: never sent
+	ReasonForwarded    = flowhttp.ReasonForwarded // metrics only: the backend answered
 )
 
 // Options configures NewProxy.
 type Options struct {
 	Config   Config
 	Backends []string // base URLs of the model servers, e.g. http://127.0.0.1:8001
-	// MaxBodyBytes caps a request body the proxy reads to find the band.
-	// Default 8 MiB.
+	// MaxBodyBytes caps a gated request's body. Default 8 MiB.
 	MaxBodyBytes int64
-	// InFlightPerBackend is the in-flight count at which the local
-	// in-flight source alone reads a backend pool as saturated. Default 256.
-	InFlightPerBackend int
+	// BodyGrace and MinBodyRate (bytes/s) cut a gated request's body that
+	// arrives slower than MinBodyRate after BodyGrace, with 408. Defaults
+	// 5 s and 1 KiB/s (flowhttp's); MinBodyRate < 0: no limit.
+	BodyGrace   time.Duration
+	MinBodyRate int64
+	// BackendResponseHeaderTimeout bounds the wait for a backend's
+	// response headers. Default 10 min (a non-streamed completion's
+	// headers come when it is done).
+	BackendResponseHeaderTimeout time.Duration
+	// LLMDMetrics also exports llm-d's flow-control metric names
+	// (llm_d_epp_flow_control_*; see llmd.go) beside flowgate's.
+	LLMDMetrics bool
 	// Logf logs; default log.Printf. Use a no-op in tests.
 	Logf func(format string, args ...any)
 	// OnFinish, if set, is called when a gated request is finished: its
@@ -77,10 +91,12 @@ type Options struct {
 
 type backend struct {
 	base     *url.URL
+	label    string // its base URL: the metrics label (unique, unlike host:port)
 	metrics  string // its /metrics URL, the poller's key for it
 	inflight atomic.Int64
 	failedAt atomic.Int64 // unix ns of its last failed answer (5xx or transport error); 0 = healthy
 	unusable atomic.Bool  // the poller's last verdict on its /metrics: failed, stale or never scraped
+	reason   string       // why it was unusable at the last look (watchPods only)
 	rp       *httputil.ReverseProxy
 }
 
@@ -101,6 +117,8 @@ type Proxy struct {
 	poller   *saturation.Poller
 	backends []*backend
 	byMetric map[string]*backend
+	gate     http.Handler // flowhttp in front of forward
+	llmd     *llmdMetrics // nil unless Options.LLMDMetrics
 	reg      *prometheus.Registry
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
 	rr       atomic.Uint64          // tie-breaker for backend choice
@@ -142,6 +160,12 @@ func NewProxy(opts Options) (*Proxy, error) {
 		MaxIdleConnsPerHost: 1024,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
+		// A backend that accepts and never answers holds the slot
+		// until this, not forever.
+		ResponseHeaderTimeout: opts.BackendResponseHeaderTimeout,
+	}
+	if transport.ResponseHeaderTimeout == 0 {
+		transport.ResponseHeaderTimeout = 10 * time.Minute
 	}
 	endpoints := make([]string, 0, len(opts.Backends))
 	for i, raw := range opts.Backends {
@@ -149,7 +173,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("proxy: backends[%d]: %q is not an http(s) base URL", i, raw)
 		}
-		b := &backend{base: u, metrics: u.JoinPath("metrics").String()}
+		b := &backend{base: u, label: u.String(), metrics: u.JoinPath("metrics").String()}
 		if _, dup := p.byMetric[b.metrics]; dup {
 			return nil, fmt.Errorf("proxy: backends[%d]: %q listed twice", i, raw)
 		}
@@ -158,10 +182,15 @@ func NewProxy(opts Options) (*Proxy, error) {
 				pr.SetURL(b.base)
 				pr.Out.Host = b.base.Host
 			},
-			Transport:     transport,
-			FlushInterval: -1, // flush every write: time to first token is not buffered away
-			ErrorHandler:  p.backendError,
-			ErrorLog:      log.New(io.Discard, "", 0),
+			Transport: transport,
+			// FlushInterval 0: httputil flushes text/event-stream
+			// and unknown-length (chunked) answers at every write
+			// anyway, so streamed tokens are not held back; a
+			// non-streamed answer is copied without a flush per
+			// write (-1 cost ~20 % CPU there).
+			ModifyResponse: stripOwnHeaders,
+			ErrorHandler:   p.backendError,
+			ErrorLog:       log.New(io.Discard, "", 0),
 		}
 		p.backends = append(p.backends, b)
 		p.byMetric[b.metrics] = b
@@ -173,6 +202,7 @@ func NewProxy(opts Options) (*Proxy, error) {
 		Endpoints: endpoints,
 		Interval:  sc.ScrapeInterval,
 		Timeout:   max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
+		Metrics:   metricNames(sc.Engine),
 		Scorer: saturation.Scorer{
 			QueueDepthThreshold: sc.QueueDepthThreshold,
 			KVUtilThreshold:     sc.KVCacheUtilThreshold,
@@ -189,26 +219,15 @@ func NewProxy(opts Options) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
-	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
 	names := make([]string, len(cfg.Bands))
 	for i, b := range cfg.Bands {
-		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait}
 		names[i] = b.Name
 	}
 	p.col, err = flowmetrics.New(len(cfg.Bands), flowmetrics.Options{BandNames: names})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
-	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Config: flowcontrol.Config{
-			Bands:  bands,
-			Policy: policy,
-			Source: poller,
-			Burst:  cfg.Burst,
-			Tick:   cfg.Tick,
-		},
-		OnOutcome: p.col.OnOutcome,
-	})
+	ctrl, err := newController(cfg, policy, poller, p.col.OnOutcome)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: flow control: %w", err)
 	}
@@ -221,7 +240,56 @@ func NewProxy(opts Options) (*Proxy, error) {
 		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
 	}, []string{"band", "code", "reason"})
 	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
+	if opts.LLMDMetrics {
+		p.llmd = newLLMDMetrics(p)
+		p.reg.MustRegister(p.llmd)
+	}
+	p.gate = flowhttp.Handler(ctrl, http.HandlerFunc(p.forward), flowhttp.Options{
+		Objectives:   cfg.Objectives,
+		DefaultBand:  cfg.DefaultBand,
+		MaxBodyBytes: opts.MaxBodyBytes,
+		BodyGrace:    opts.BodyGrace,
+		MinBodyRate:  opts.MinBodyRate,
+		Classify: func(_ *http.Request, body []byte) (int, bool) {
+			if cfg.BodyPriority == BodyPriorityIgnore {
+				return 0, false
+			}
+			p, ok := bodyPriority(body)
+			if !ok {
+				return 0, false
+			}
+			return int(min(max(p, 0), int64(len(cfg.Bands)-1))), true
+		},
+		OnFinish: p.finished,
+	})
 	return p, nil
+}
+
+// metricNames is the poller's metric names for a backend kind.
+func metricNames(engine string) saturation.MetricNames {
+	if engine == EngineSGLang {
+		return saturation.SGLang()
+	}
+	return saturation.VLLM()
+}
+
+// newController is the one place the proxy's bands become a controller.
+func newController(cfg Config, policy flowcontrol.CeilingPolicy, src flowcontrol.SaturationSource,
+	onOutcome func(int, error, time.Duration)) (*flowcontrol.Controller, error) {
+	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
+	for i, b := range cfg.Bands {
+		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes}
+	}
+	return flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Config: flowcontrol.Config{
+			Bands:  bands,
+			Policy: policy,
+			Source: src,
+			Burst:  cfg.Burst,
+			Tick:   cfg.Tick,
+		},
+		OnOutcome: onOutcome,
+	})
 }
 
 func policyParams(r PolicyRef) map[string]float64 {
@@ -262,7 +330,17 @@ func (p *Proxy) watchPods(ctx context.Context) {
 		case <-t.C:
 			for _, r := range p.poller.Readings() {
 				if b := p.byMetric[r.Endpoint]; b != nil {
-					b.unusable.Store(!r.Usable)
+					was := b.unusable.Swap(!r.Usable)
+					// Say why a backend reads saturated, once per
+					// change: a wrong engine's metric names, a
+					// dead /metrics, a stale pod.
+					switch {
+					case !r.Usable && (!was || b.reason != r.Reason) && r.Reason != saturation.ReasonNotScraped:
+						p.logf("proxy: backend %s reads saturated (%s): %v", b.label, r.Reason, r.Err)
+					case r.Usable && was && b.reason != "":
+						p.logf("proxy: backend %s usable again", b.label)
+					}
+					b.reason = r.Reason
 				}
 			}
 		}
@@ -288,6 +366,30 @@ func (p *Proxy) Close() {
 
 // Controller returns the flow controller (for Stats).
 func (p *Proxy) Controller() *flowcontrol.Controller { return p.ctrl }
+
+// Critical reports whether a request's objective header (llm-d's or the
+// legacy one, case-insensitively) names band 0.
+func (p *Proxy) Critical(h http.Header) bool {
+	v := h.Get(ObjectiveHeader)
+	if v == "" {
+		v = h.Get(LegacyObjectiveHeader)
+	}
+	if v == "" {
+		return false
+	}
+	for k, b := range p.cfg.Objectives {
+		if b == 0 && strings.EqualFold(k, v) {
+			return true
+		}
+	}
+	return false
+}
+
+// Poller returns the saturation poller (for its readings).
+func (p *Proxy) Poller() *saturation.Poller { return p.poller }
+
+// Config returns the proxy's configuration.
+func (p *Proxy) Config() Config { return p.cfg }
 
 // Registry returns the Prometheus registry /metrics serves.
 func (p *Proxy) Registry() *prometheus.Registry { return p.reg }
@@ -324,142 +426,110 @@ func (p *Proxy) InFlight() []int64 {
 	return out
 }
 
-// ServeHTTP routes GET /metrics to the registry and gates every POST under
-// /v1/; anything else is forwarded ungated (model lists, health checks).
+// reqState is what forward learns about a gated request that flowhttp's
+// Result does not say: the proxy's own refusals.
+type reqState struct{ reason string }
+
+type stateKey struct{}
+
+// ServeHTTP serves GET /metrics from the registry and passes everything else
+// to flowhttp, which gates every method but GET, HEAD and OPTIONS (any path)
+// and forwards through forward.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch {
-	case r.URL.Path == "/metrics" && r.Method == http.MethodGet:
+	if r.URL.Path == "/metrics" && r.Method == http.MethodGet {
 		promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
-	case r.Method == http.MethodPost && len(r.URL.Path) > 4 && r.URL.Path[:4] == "/v1/":
-		p.serveGated(w, r)
-	default:
-		b := p.pick()
-		if b == nil {
-			p.refuse(w, http.StatusServiceUnavailable, reasonNoBackend)
-			return
-		}
-		b.rp.ServeHTTP(w, r)
-	}
-}
-
-// refuse answers on the proxy's own behalf with a reason header and a JSON
-// error body in the OpenAI shape.
-func (p *Proxy) refuse(w http.ResponseWriter, code int, reason string) {
-	h := w.Header()
-	h.Set(ReasonHeader, reason)
-	h.Set("Content-Type", "application/json")
-	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
-		h.Set("Retry-After", "1")
-	}
-	w.WriteHeader(code)
-	fmt.Fprintf(w, `{"object":"error","message":"flowgate: %s","type":%q,"code":%d}`+"\n", reason, http.StatusText(code), code)
-}
-
-func (p *Proxy) serveGated(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.maxBody))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			p.refuse(w, http.StatusRequestEntityTooLarge, reasonTooLarge)
-		} else {
-			p.refuse(w, http.StatusBadRequest, reasonBadBody)
-		}
 		return
 	}
-	band, _ := bandFor(&p.cfg, r.Header, body)
-	w.Header().Set(BandHeader, p.cfg.Bands[band].Name)
-	rec := &statusRecorder{ResponseWriter: w}
-	finish := func(code int, reason string) {
-		p.answers.WithLabelValues(p.cfg.Bands[band].Name, strconv.Itoa(code), reason).Inc()
-		if p.onFinish != nil {
-			p.onFinish(band, code, reason)
-		}
-	}
-	defer func() {
-		// The reverse proxy aborts the handler (panic ErrAbortHandler)
-		// when copying a streamed body fails: the client left, or the
-		// backend died mid-stream. Count it, then let net/http abort the
-		// connection so that a client still there sees the cut.
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				reason := reasonBackendError
-				if r.Context().Err() != nil {
-					reason = reasonCancelled
-				}
-				finish(rec.code, reason)
-			}
-			panic(v)
-		}
-	}()
-	code, reason := p.gateAndForward(rec, r, band, body)
-	finish(code, reason)
+	st := &reqState{}
+	p.gate.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
 }
 
-// gateAndForward waits for the band's turn and forwards the request; it
-// returns the status sent (0 if none) and the reason.
-func (p *Proxy) gateAndForward(rec *statusRecorder, r *http.Request, band int, body []byte) (int, string) {
-	refuse := func(code int, reason string) (int, string) {
-		p.refuse(rec, code, reason)
-		return code, reason
+// finished is flowhttp's OnFinish: one count per gated request.
+func (p *Proxy) finished(r *http.Request, res flowhttp.Result) {
+	code, reason := res.Status, res.Reason
+	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason != "" {
+		reason = st.reason
 	}
-	done, err := p.ctrl.Wait(r.Context(), band)
-	if err != nil {
-		switch {
-		case errors.Is(err, flowcontrol.ErrQueueFull):
-			return refuse(http.StatusTooManyRequests, reasonQueueFull)
-		case errors.Is(err, flowcontrol.ErrExpired):
-			return refuse(http.StatusServiceUnavailable, reasonExpired)
-		case errors.Is(err, flowcontrol.ErrClosed):
-			return refuse(http.StatusServiceUnavailable, reasonShutdown)
-		case errors.Is(err, flowcontrol.ErrCancelled):
-			return 0, reasonCancelled // the client left: nobody to answer
-		default: // ErrUnknownBand: bandFor only returns valid bands
-			return refuse(http.StatusInternalServerError, "internal")
-		}
+	if reason == ReasonAborted {
+		reason = ReasonBackendError // the stream was cut by the backend
 	}
-	// done runs once the response has been copied to the client (or the
-	// copy failed because the client left): only then is the slot free.
-	defer done()
+	if code == flowhttp.StatusClientClosed {
+		code = 0
+	}
+	p.answers.WithLabelValues(p.cfg.Bands[res.Band].Name, strconv.Itoa(code), reason).Inc()
+	if p.llmd != nil {
+		p.llmd.observe(res)
+	}
+	if p.onFinish != nil {
+		p.onFinish(res.Band, code, reason)
+	}
+}
+
+// ReasonAborted is flowhttp's reason for a handler that panicked.
+const ReasonAborted = flowhttp.ReasonAborted
+
+// forward sends a request (gated and released, or ungated) to the
+// least-loaded backend.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
+	st, _ := r.Context().Value(stateKey{}).(*reqState)
+	if st == nil {
+		st = &reqState{}
+	}
 	b := p.pick()
 	if b == nil {
-		return refuse(http.StatusServiceUnavailable, reasonNoBackend)
+		st.reason = ReasonNoBackend
+		flowhttp.WriteError(w, http.StatusServiceUnavailable, ReasonNoBackend, "no backend is configured", true)
+		return
 	}
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
-	// The poller's live in-flight credit: the new request counts toward
-	// its backend's saturation at once (atomics only), not at the next
-	// scrape.
-	p.poller.Dispatched(b.metrics)
-	defer p.poller.Finished(b.metrics)
+	// The poller counts the request on its backend at once (the in-flight
+	// credit, when on, moves the saturation now, not at the next scrape).
+	if p.poller.Dispatched(b.metrics) {
+		defer p.poller.Finished(b.metrics)
+	}
+	rec := &statusRecorder{ResponseWriter: w}
 	defer func() {
 		// A stream the backend cut (not the client) aborts the handler
 		// from inside ServeHTTP: a failure of the backend too.
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler && r.Context().Err() == nil {
 				b.failedAt.Store(time.Now().UnixNano())
+				st.reason = ReasonBackendError
+			} else if r.Context().Err() != nil {
+				st.reason = ReasonCancelled
 			}
 			panic(v)
 		}
 	}()
-
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	r.Header.Del("Content-Length")
+	if p.cfg.BodyPriority == BodyPriorityStrip && r.Body != nil {
+		stripPriority(r)
+	}
 	b.rp.ServeHTTP(rec, r)
 	if rec.code >= 500 || (rec.proxyErr && rec.code != 0) {
 		b.failedAt.Store(time.Now().UnixNano())
 	} else if rec.code != 0 {
 		b.failedAt.Store(0)
 	}
+	// A client that leaves mid-response makes the copy fail, and the
+	// reverse proxy panics with http.ErrAbortHandler (recovered above). A
+	// context cancelled after a complete copy (the client closed as soon
+	// as it had the last byte) is a forwarded answer.
 	switch {
 	case rec.proxyErr && rec.code == 0:
-		return 0, reasonCancelled // the client left before the backend answered
+		st.reason = ReasonCancelled // the client left before the backend answered
 	case rec.proxyErr:
-		return rec.code, reasonBackendError
-	case r.Context().Err() != nil:
-		return rec.code, reasonCancelled // left mid-response
+		st.reason = ReasonBackendError
 	}
-	return rec.code, reasonForwarded
+}
+
+// stripOwnHeaders removes a backend's copies of the headers the proxy sets,
+// so that a backend's own 429 (another flowgate behind this one, say) is not
+// mistaken for the proxy's.
+func stripOwnHeaders(resp *http.Response) error {
+	resp.Header.Del(BandHeader)
+	resp.Header.Del(ReasonHeader)
+	return nil
 }
 
 // pick returns the backend with the fewest requests in flight (ties broken
@@ -500,11 +570,7 @@ func (p *Proxy) backendError(w http.ResponseWriter, r *http.Request, err error) 
 		return // the client left; nobody to answer
 	}
 	p.logf("proxy: backend %s: %v", r.URL.Host, err)
-	h := w.Header()
-	h.Set(ReasonHeader, reasonBackendError)
-	h.Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusBadGateway)
-	fmt.Fprintf(w, `{"object":"error","message":"flowgate: %s","type":"Bad Gateway","code":502}`+"\n", reasonBackendError)
+	flowhttp.WriteError(w, http.StatusBadGateway, ReasonBackendError, "the backend could not be reached or failed", true)
 }
 
 // statusRecorder remembers the status code written. Unwrap lets
@@ -517,8 +583,8 @@ type statusRecorder struct {
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
-	if s.code == 0 {
-		s.code = code
+	if s.code == 0 && (code < 100 || code >= 200 || code == http.StatusSwitchingProtocols) {
+		s.code = code // a 1xx (100 Continue, 103 Early Hints) is not the status
 	}
 	s.ResponseWriter.WriteHeader(code)
 }
@@ -562,15 +628,15 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range c.p.backends {
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.inflight.Load()), b.base.Host)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.inflight.Load()), b.label)
 	}
 	for _, r := range c.p.poller.Readings() {
 		b := c.p.byMetric[r.Endpoint]
 		if b == nil {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(c.score, prometheus.GaugeValue, r.Score, b.base.Host)
-		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, r.Waiting, b.base.Host)
-		ch <- prometheus.MustNewConstMetric(c.kv, prometheus.GaugeValue, r.KVUsage, b.base.Host)
+		ch <- prometheus.MustNewConstMetric(c.score, prometheus.GaugeValue, r.Score, b.label)
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, r.Waiting, b.label)
+		ch <- prometheus.MustNewConstMetric(c.kv, prometheus.GaugeValue, r.KVUsage, b.label)
 	}
 }
