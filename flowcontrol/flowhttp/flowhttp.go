@@ -38,6 +38,7 @@ const (
 // DroppedReasonHeader, and Result.Reason.
 const (
 	ReasonQueueFull    = "queue-full"       // 429: the band holds its capacity of waiters
+	ReasonShed         = "shed"             // 429: the admission stage shed it (ControllerConfig.Admitter); not retried
 	ReasonBytesFull    = "queue-bytes-full" // 429: the band's byte budget is spent
 	ReasonExpired      = "expired"          // 503: waited the band's MaxWait
 	ReasonShuttingDown = "shutting-down"    // 503: the controller is closed
@@ -55,8 +56,8 @@ const (
 // before any answer (nothing is sent), as nginx logs it.
 const StatusClientClosed = 499
 
-// Errors in Result.Err beside flowcontrol's (ErrQueueFull, ErrExpired,
-// ErrClosed, ErrCancelled, ErrNotRunning).
+// Errors in Result.Err beside flowcontrol's (ErrQueueFull, ErrShed,
+// ErrExpired, ErrClosed, ErrCancelled, ErrNotRunning).
 var (
 	// ErrBytesFull: the band's byte budget cannot take the body.
 	ErrBytesFull = errors.New("flowhttp: band byte budget full")
@@ -410,6 +411,11 @@ func refusalFor(err error) (refusal, bool) {
 		return refusal{http.StatusTooManyRequests, ReasonQueueFull, true, false}, true
 	case errors.Is(err, ErrBytesFull):
 		return refusal{http.StatusTooManyRequests, ReasonBytesFull, true, false}, true
+	case errors.Is(err, flowcontrol.ErrShed):
+		// Shed because the pool is saturated: an immediate retry is
+		// more load on the pool that shed it, so the SDKs are told not
+		// to.
+		return refusal{http.StatusTooManyRequests, ReasonShed, false, false}, true
 	case errors.Is(err, flowcontrol.ErrExpired):
 		return refusal{http.StatusServiceUnavailable, ReasonExpired, false, false}, true
 	case errors.Is(err, flowcontrol.ErrClosed):

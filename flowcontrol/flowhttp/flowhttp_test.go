@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+	"github.com/flowgate/flowgate/saturation"
 )
 
 func TestObjectiveHeaderSelectsBand(t *testing.T) {
@@ -450,5 +452,43 @@ func TestClientGoneMidBody(t *testing.T) {
 		if b.Dispatched+b.Cancelled+b.Rejected != 0 {
 			t.Errorf("a request that never sent its body reached the controller: %+v", b)
 		}
+	}
+}
+
+// shedAll sheds every band but 0.
+type shedAll struct{}
+
+func (shedAll) Admit(band, _ int) bool { return band == 0 }
+
+// TestShedIs429NotRetried: a request the controller's admission stage sheds
+// gets 429 "shed" with x-should-retry: false (an SDK retry would add load to
+// the pool that shed it); band 0 passes.
+func TestShedIs429NotRetried(t *testing.T) {
+	ctrl, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Config:   flowcontrol.Config{Bands: []flowcontrol.BandConfig{{Name: "critical", Capacity: 4}, {Name: "sheddable", Capacity: 4}}, Source: new(saturation.Value)},
+		Admitter: shedAll{},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := ctrl.Start(context.Background())
+	defer func() { ctrl.Close(); <-ran }()
+	srv := httptest.NewServer(flowhttp.Handler(ctrl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), flowhttp.Options{}))
+	defer srv.Close()
+	resp, body, err := post(t, context.Background(), srv.URL+"/v1/completions", "sheddable", "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ae := decodeError(t, body)
+	if resp.StatusCode != 429 || ae.Error.Code != flowhttp.ReasonShed || resp.Header.Get("x-should-retry") != "false" ||
+		resp.Header.Get("Retry-After") != "" || resp.Header.Get(flowhttp.DroppedReasonHeader) != flowhttp.ReasonShed {
+		t.Errorf("shed: %d %+v headers %v", resp.StatusCode, ae, resp.Header)
+	}
+	resp, _, err = post(t, context.Background(), srv.URL+"/v1/completions", "critical", "{}")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("critical: %v %v", resp, err)
+	}
+	if st := ctrl.Stats(); st.Bands[1].Refused.Shed != 1 {
+		t.Errorf("Stats shed %d, want 1", st.Bands[1].Refused.Shed)
 	}
 }
