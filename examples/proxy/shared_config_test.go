@@ -1,0 +1,89 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flowgate/flowgate/examples/internal/gateway"
+	"github.com/flowgate/flowgate/saturation/redisshare"
+)
+
+// TestParseConfigSharedInFlight: the section is optional (off by default),
+// its period and TTL default to redisshare's, and every bad value is an
+// error naming the field (and its line).
+func TestParseConfigSharedInFlight(t *testing.T) {
+	cfg, err := gateway.ParseConfig(strings.NewReader(""))
+	require.NoError(t, err)
+	require.False(t, cfg.Shared.Enabled())
+
+	cfg, err = gateway.ParseConfig(strings.NewReader("sharedInFlight:\n  address: 127.0.0.1:6379\n  replicaId: gw-0\n"))
+	require.NoError(t, err)
+	require.Equal(t, gateway.SharedConfig{Address: "127.0.0.1:6379", ReplicaID: "gw-0",
+		Period: redisshare.DefaultPeriod, TTL: redisshare.DefaultTTL}, cfg.Shared)
+
+	cfg, err = gateway.ParseConfig(strings.NewReader("sharedInFlight: {address: 'redis:6379', period: 20ms, ttl: 2s}\n"))
+	require.NoError(t, err, "the replica id may come from -replica-id")
+	require.Equal(t, 20*time.Millisecond, cfg.Shared.Period)
+	require.Equal(t, 2*time.Second, cfg.Shared.TTL)
+
+	for _, c := range []struct{ src, want string }{
+		{"sharedInFlight:\n  replicaId: a\n", "sharedInFlight.address"},
+		{"sharedInFlight:\n  address: redis\n", "sharedInFlight.address (line 2)"},
+		{"sharedInFlight:\n  address: 'redis:6379'\n  period: 0s\n", "sharedInFlight.period (line 3)"},
+		{"sharedInFlight:\n  address: 'redis:6379'\n  period: 2m\n", "sharedInFlight.period (line 3)"},
+		{"sharedInFlight:\n  address: 'redis:6379'\n  ttl: -1s\n", "sharedInFlight.ttl (line 3)"},
+		{"sharedInFlight:\n  address: 'redis:6379'\n  period: 10ms\n  ttl: 30ms\n", "sharedInFlight.ttl (line 4)"},
+		{"sharedInFlight:\n  address: 'redis:6379'\n  replicaId: '" + strings.Repeat("x", 257) + "'\n", "sharedInFlight.replicaId (line 3)"},
+		{"sharedInFlight:\n  adress: 'redis:6379'\n", "sharedInFlight.adress (line 2)"},
+	} {
+		_, err := gateway.ParseConfig(strings.NewReader(c.src))
+		require.Error(t, err, c.src)
+		require.Contains(t, err.Error(), c.want, c.src)
+	}
+}
+
+// TestSharedFlags: the flags override the file, and their errors name the
+// flag.
+func TestSharedFlags(t *testing.T) {
+	parse := func(s *gateway.SharedConfig, args ...string) error {
+		fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+		var f sharedFlags
+		f.register(fs)
+		require.NoError(t, fs.Parse(args))
+		return f.apply(s)
+	}
+	var s gateway.SharedConfig
+	require.NoError(t, parse(&s))
+	require.False(t, s.Enabled())
+
+	s = gateway.SharedConfig{}
+	require.NoError(t, parse(&s, "-shared-redis", "127.0.0.1:6379", "-replica-id", "gw-1"))
+	require.Equal(t, gateway.SharedConfig{Address: "127.0.0.1:6379", ReplicaID: "gw-1",
+		Period: redisshare.DefaultPeriod, TTL: redisshare.DefaultTTL}, s)
+
+	fromFile := gateway.SharedConfig{Address: "redis:6379", Period: 20 * time.Millisecond, TTL: 2 * time.Second}
+	s = fromFile
+	require.NoError(t, parse(&s, "-replica-id", "gw-2", "-shared-ttl", "500ms"))
+	require.Equal(t, gateway.SharedConfig{Address: "redis:6379", ReplicaID: "gw-2", Period: 20 * time.Millisecond, TTL: 500 * time.Millisecond}, s)
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-shared-redis", "127.0.0.1:6379"}, "-replica-id"},
+		{[]string{"-shared-redis", "nohost", "-replica-id", "a"}, "-shared-redis"},
+		{[]string{"-replica-id", "a"}, "need -shared-redis"},
+		{[]string{"-shared-redis", "h:1", "-replica-id", "a", "-shared-period", "2m"}, "-shared-period"},
+		{[]string{"-shared-redis", "h:1", "-replica-id", "a", "-shared-period", "-1s"}, "-shared-period"},
+		{[]string{"-shared-redis", "h:1", "-replica-id", "a", "-shared-ttl", "10ms"}, "-shared-ttl"},
+	} {
+		s := gateway.SharedConfig{}
+		err := parse(&s, c.args...)
+		require.Error(t, err, "%v", c.args)
+		require.Contains(t, err.Error(), c.want, "%v", c.args)
+	}
+}
