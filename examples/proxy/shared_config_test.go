@@ -2,6 +2,8 @@ package main
 
 import (
 	"flag"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +46,20 @@ func TestParseConfigSharedInFlight(t *testing.T) {
 		require.Error(t, err, c.src)
 		require.Contains(t, err.Error(), c.want, c.src)
 	}
+}
+
+// TestParseConfigSampleShared: the sample's commented sharedInFlight
+// section parses once uncommented.
+func TestParseConfigSampleShared(t *testing.T) {
+	data, err := os.ReadFile("config.yaml")
+	require.NoError(t, err)
+	src := string(data)
+	i := strings.Index(src, "# sharedInFlight:")
+	require.Positive(t, i)
+	tail := regexp.MustCompile(`(?m)^# `).ReplaceAllString(src[i:], "")
+	cfg, err := gateway.ParseConfig(strings.NewReader(src[:i] + tail))
+	require.NoError(t, err)
+	require.Equal(t, gateway.SharedConfig{Address: "redis:6379", ReplicaID: "gw-0", Period: 5 * time.Millisecond, TTL: time.Second}, cfg.Shared)
 }
 
 // TestSharedFlags: the flags override the file, and their errors name the
