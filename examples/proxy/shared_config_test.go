@@ -2,9 +2,13 @@ package main
 
 import (
 	"flag"
+	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,4 +106,71 @@ func TestSharedFlags(t *testing.T) {
 		require.Error(t, err, "%v", c.args)
 		require.Contains(t, err.Error(), c.want, "%v", c.args)
 	}
+}
+
+// TestSharedInFlightSteersPick: two in-process proxies sharing a real
+// redis-server. Replica a holds 4 requests on backend X; replica b, which
+// sees X and Y, then sends its 4 to Y, because its pick compares own +
+// others' counts (alone it would split them 2 and 2). b's /metrics shows
+// the peer and the others' 4 on X.
+func TestSharedInFlightSteersPick(t *testing.T) {
+	rds := startRedis(t)
+	release := make(chan struct{})
+	var hitsX, hitsY atomic.Int64
+	hold := func(hits *atomic.Int64) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			hits.Add(1)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+		}
+	}
+	x, y := newCustom(t, idleVLLM, hold(&hitsX)), newCustom(t, idleVLLM, hold(&hitsY))
+	shared := func(id string) gateway.Config {
+		cfg := gateway.DefaultConfig()
+		cfg.Shared = gateway.SharedConfig{Address: rds.Addr(), ReplicaID: id}
+		require.NoError(t, cfg.Shared.Validate(gateway.SharedFileFields))
+		return cfg
+	}
+	a, asrv := runGateway(t, shared("a"), gateway.Options{}, true, x.srv.URL)
+	b, bsrv := runGateway(t, shared("b"), gateway.Options{}, true, x.srv.URL, y.srv.URL)
+	eventually(t, "the replicas see each other", func() bool { return a.Shared().Peers() == 1 && b.Shared().Peers() == 1 })
+
+	var wg sync.WaitGroup
+	post := func(front string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, front+"/v1/completions", strings.NewReader(`{"prompt":"x"}`))
+			req.Header.Set(gateway.ObjectiveHeader, "critical")
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	defer func() { close(release); wg.Wait(); http.DefaultClient.CloseIdleConnections() }()
+	for range 4 {
+		post(asrv.URL)
+	}
+	eventually(t, "replica b sees a's 4 requests on X", func() bool {
+		return hitsX.Load() == 4 && b.Shared().Endpoint(x.srv.URL).Others() == 4
+	})
+	for range 4 {
+		post(bsrv.URL)
+	}
+	eventually(t, "b's 4 requests reach a backend", func() bool { return hitsX.Load()+hitsY.Load() == 8 })
+	require.Equal(t, int64(4), hitsY.Load(), "b sent some of its requests to X, where a has 4 in flight")
+	require.Equal(t, []int64{0, 4}, b.InFlight())
+
+	resp, err := http.Get(bsrv.URL + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(body), `flowgate_shared_inflight_peers{replica="b"} 1`)
+	require.Contains(t, string(body), `flowgate_backend_inflight_others{backend="`+x.srv.URL+`"} 4`)
 }
