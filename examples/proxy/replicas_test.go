@@ -344,6 +344,12 @@ func waitMetric(t *testing.T, client *http.Client, what string, bound time.Durat
 // Requests keep being served while Redis is gone, and every request is
 // answered exactly once (the killed replica's open requests excepted), as
 // counted at the client and at the backends.
+//
+// The TTFT figures are logged, not asserted: over 6 runs on the shared
+// 2-core machine sharing was better in 5 (p99 460–636 ms without, 261–476
+// ms with) and 4 % worse in one (603 → 625 ms); a run this short (258
+// critical requests, so p99 is about the third-largest) is too noisy for a
+// test that must not flake.
 func TestBinaryReplicasShareInFlight(t *testing.T) {
 	const speedUp, qps = 4, 24
 	arrivals := 8 * time.Second
