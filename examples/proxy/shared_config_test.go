@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -173,4 +174,30 @@ func TestSharedInFlightSteersPick(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(body), `flowgate_shared_inflight_peers{replica="b"} 1`)
 	require.Contains(t, string(body), `flowgate_backend_inflight_others{backend="`+x.srv.URL+`"} 4`)
+}
+
+// TestSharedInFlightWithoutRedis: a proxy whose Redis is not there starts,
+// serves on its own counts (state down), and closes promptly.
+func TestSharedInFlightWithoutRedis(t *testing.T) {
+	var hits atomic.Int64
+	be := newCustom(t, idleVLLM, func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	})
+	cfg := gateway.DefaultConfig()
+	cfg.Shared = gateway.SharedConfig{Address: "127.0.0.1:" + strconv.Itoa(freeLoopbackPort(t)), ReplicaID: "alone"}
+	p, srv := runGateway(t, cfg, gateway.Options{}, true, be.srv.URL)
+	for range 5 {
+		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	require.Equal(t, int64(5), hits.Load())
+	require.Equal(t, redisshare.Down, p.Shared().State())
+	http.DefaultClient.CloseIdleConnections()
+	began := time.Now()
+	p.Close()
+	require.Less(t, time.Since(began), 2*time.Second, "Close waited on the missing Redis")
 }
