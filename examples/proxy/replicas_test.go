@@ -384,7 +384,7 @@ func waitMetric(t *testing.T, client *http.Client, what string, bound time.Durat
 // critical requests, so p99 is about the third-largest) is too noisy for a
 // test that must not flake. The backends' imbalance is logged too: it is
 // small either way (least own in-flight already spreads round-robin
-// clients), so the gain is the in-flight credit's.
+// clients), so the gain is most likely the in-flight credit's.
 func TestBinaryReplicasShareInFlight(t *testing.T) {
 	const speedUp, qps = 4, 24
 	arrivals := 8 * time.Second
