@@ -359,7 +359,14 @@ func waitMetric(t *testing.T, client *http.Client, what string, bound time.Durat
 			return time.Since(began)
 		}
 		if time.Since(began) > bound {
-			t.Fatalf("%s: %s not reached within %v: %v", what, name, bound, last)
+			var diag []string
+			for _, a := range addrs {
+				for _, m := range []string{"flowgate_shared_inflight_up", "flowgate_shared_inflight_syncs_total", "flowgate_shared_inflight_sync_errors_total"} {
+					v, err := scrape(client, a, m)
+					diag = append(diag, fmt.Sprintf("%s %s=%v (%v)", a, m, v, err))
+				}
+			}
+			t.Fatalf("%s: %s not reached within %v: %v; %v", what, name, bound, last, diag)
 		}
 		<-ticker.C // the poll's pace, with the bound above
 	}
@@ -494,28 +501,37 @@ saturationDetector:
 		func(v float64) bool { return v >= 8 }, addrs[2])
 	all.Store(&[]int{0, 1})
 	others, _ := scrape(client, addrs[0], "flowgate_backend_inflight_others")
+	lagAtKill := lag()
 	require.NoError(t, rs[2].cmd.Process.Signal(syscall.SIGKILL))
-	left := waitMetric(t, client, "the killed replica leaves the view", 3*time.Second, "flowgate_shared_inflight_peers",
+	left := waitMetric(t, client, "the killed replica leaves the view", 10*time.Second, "flowgate_shared_inflight_peers",
 		func(v float64) bool { return v == 1 }, survivors...)
+	starved := lag() - lagAtKill
 	// What replica 0 counts for the others is now replica 1's own (as of
 	// the last sync: the two differ by what moved within one period).
 	othersAfter, _ := scrape(client, addrs[0], "flowgate_backend_inflight_others")
 	ownOf1, _ := scrape(client, addrs[1], "flowgate_backend_inflight")
 	t.Logf("kill -9 of replica 2 (%v requests in flight at replica 0's view of the others before): gone from both survivors' view after %v (TTL 1s); then replica 0 counts %v for the others, replica 1 %v of its own",
 		others, left.Round(time.Millisecond), othersAfter, ownOf1)
-	require.LessOrEqual(t, left, time.Second+500*time.Millisecond)
+	// Within the TTL (plus the polling), unless the machine was too busy
+	// to run even the fake backends at speed meanwhile: under two -race
+	// suites at once on 2 cores it took 1.7–2 s, once over 3 s.
+	if starved < 50*time.Millisecond {
+		require.LessOrEqual(t, left, time.Second+500*time.Millisecond)
+	} else {
+		t.Logf("the backends fell %v behind real time meanwhile: machine too busy to judge the TTL bound (left after %v)", starved, left)
+	}
 
 	// Redis gone: the survivors fall back to their own counts, then a new
 	// empty Redis on the same port.
 	downAt := time.Now()
 	rds.Stop()
-	fellBack := waitMetric(t, client, "the survivors fall back", 5*time.Second, "flowgate_shared_inflight_up",
+	fellBack := waitMetric(t, client, "the survivors fall back", 10*time.Second, "flowgate_shared_inflight_up",
 		func(v float64) bool { return v == 0 }, survivors...)
 	rds.Start()
 	restartedAt := time.Now()
-	back := waitMetric(t, client, "the survivors share again", 5*time.Second, "flowgate_shared_inflight_peers",
+	back := waitMetric(t, client, "the survivors share again", 10*time.Second, "flowgate_shared_inflight_peers",
 		func(v float64) bool { return v == 1 }, survivors...)
-	waitMetric(t, client, "the survivors share again", 5*time.Second, "flowgate_shared_inflight_up",
+	waitMetric(t, client, "the survivors share again", 10*time.Second, "flowgate_shared_inflight_up",
 		func(v float64) bool { return v == 1 }, survivors...)
 	t.Logf("redis stopped: both survivors on own counts after %v; new redis on the same port after %v down; shared again %v later",
 		fellBack.Round(time.Millisecond), restartedAt.Sub(downAt).Round(time.Millisecond), back.Round(time.Millisecond))
@@ -527,9 +543,9 @@ saturationDetector:
 	<-stall.C
 	require.NoError(t, rds.Signal(syscall.SIGCONT))
 	contAt := time.Now()
-	again := waitMetric(t, client, "the survivors share after SIGCONT", 5*time.Second, "flowgate_shared_inflight_peers",
+	again := waitMetric(t, client, "the survivors share after SIGCONT", 10*time.Second, "flowgate_shared_inflight_peers",
 		func(v float64) bool { return v == 1 }, survivors...)
-	waitMetric(t, client, "the survivors share after SIGCONT", 5*time.Second, "flowgate_shared_inflight_up",
+	waitMetric(t, client, "the survivors share after SIGCONT", 10*time.Second, "flowgate_shared_inflight_up",
 		func(v float64) bool { return v == 1 }, survivors...)
 	t.Logf("redis SIGSTOP 2s: shared again %v after SIGCONT", again.Round(time.Millisecond))
 	close(stop)
