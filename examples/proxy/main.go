@@ -12,6 +12,9 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flowgate/flowgate/examples/internal/gateway"
 )
@@ -23,6 +26,8 @@ func main() {
 	llmdMetrics := flag.Bool("llm-d-metrics", false, "also export llm-d's flow-control metric names (llm_d_epp_flow_control_*) on /metrics")
 	var sf serverFlags
 	sf.register(flag.CommandLine)
+	var sh sharedFlags
+	sh.register(flag.CommandLine)
 	flag.Parse()
 	if err := sf.validate(); err != nil {
 		fatal(err)
@@ -39,6 +44,14 @@ func main() {
 		if err != nil {
 			fatal(err)
 		}
+	}
+	if err := sh.apply(&cfg.Shared); err != nil {
+		fatal(err)
+	}
+	if cfg.Shared.Enabled() {
+		// go-redis logs every failed dial; the view logs one line per
+		// transition to and from its fallback, which is what matters.
+		redis.SetLogger(quietRedis{})
 	}
 	for _, w := range cfg.Warnings {
 		log.Printf("proxy: config: %s", w)
@@ -70,6 +83,9 @@ func main() {
 	p.Start()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lim) }()
+	if s := cfg.Shared; s.Enabled() {
+		log.Printf("proxy: sharing in-flight counts through redis %s as replica %q (period %v, ttl %v)", s.Address, s.ReplicaID, s.Period, s.TTL)
+	}
 	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands, at most %d client connections, %d kept free)",
 		ln.Addr(), urls, cfg.Policy.Type, len(cfg.Bands), sf.maxConns, sf.reservedConns)
 	select {
@@ -93,3 +109,54 @@ func fatal(err error) {
 	fmt.Fprintln(os.Stderr, err)
 	os.Exit(1)
 }
+
+// sharedFlags override the configuration's sharedInFlight section.
+type sharedFlags struct {
+	redis     string
+	replicaID string
+	period    time.Duration
+	ttl       time.Duration
+}
+
+func (f *sharedFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.redis, "shared-redis", "", "Redis host:port through which the replicas share their in-flight counts per backend (off by default; sharedInFlight.address)")
+	fs.StringVar(&f.replicaID, "replica-id", "", "this replica's name among those sharing the Redis, unique (a pod name; sharedInFlight.replicaId)")
+	fs.DurationVar(&f.period, "shared-period", 0, "how often to publish own counts and fetch the others' (0: the file's, or 5ms)")
+	fs.DurationVar(&f.ttl, "shared-ttl", 0, "how long a silent replica keeps counting, and how long Redis may fail before own counts only (0: the file's, or 1s)")
+}
+
+// sharedFlagNames names the flags in validation errors; a field the file
+// can also set names both.
+var sharedFlagNames = gateway.SharedFieldNames{Address: "-shared-redis", ReplicaID: "-replica-id",
+	Period: "-shared-period", TTL: "-shared-ttl"}
+
+// apply lays the flags over the file's settings and validates the result.
+func (f *sharedFlags) apply(s *gateway.SharedConfig) error {
+	if f.period < 0 || f.ttl < 0 {
+		return fmt.Errorf("proxy: -shared-period and -shared-ttl must be ≥ 0, got %v and %v", f.period, f.ttl)
+	}
+	if f.redis != "" {
+		s.Address = f.redis
+	}
+	if f.replicaID != "" {
+		s.ReplicaID = f.replicaID
+	}
+	if f.period != 0 {
+		s.Period = f.period
+	}
+	if f.ttl != 0 {
+		s.TTL = f.ttl
+	}
+	if !s.Enabled() && (f.replicaID != "" || f.period != 0 || f.ttl != 0) {
+		return errors.New("proxy: -replica-id, -shared-period and -shared-ttl need -shared-redis (or sharedInFlight.address)")
+	}
+	if err := s.Validate(sharedFlagNames); err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	return nil
+}
+
+// quietRedis drops go-redis's own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}

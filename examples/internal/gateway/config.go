@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"regexp"
 	"slices"
 	"sort"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/saturation"
+	"github.com/flowgate/flowgate/saturation/redisshare"
 )
 
 // The YAML file the proxy reads with -config. Its shape follows llm-d's
@@ -42,6 +44,11 @@ import (
 //	  metricsStalenessThreshold: 200ms
 //	  scrapeInterval: 50ms
 //	  inFlightCredit: true
+//	sharedInFlight:            # optional: share in-flight counts with other replicas
+//	  address: redis:6379
+//	  replicaId: gateway-0     # unique per replica (or -replica-id)
+//	  period: 5ms
+//	  ttl: 1s
 //
 // Band priorities follow the Gateway API Inference Extension convention
 // (InferenceObjective.priority: higher is more important): bands are sorted by
@@ -60,6 +67,7 @@ type fileConfig struct {
 	Plugins            []filePlugin           `yaml:"plugins"`
 	FlowControl        fileFlowControl        `yaml:"flowControl"`
 	SaturationDetector fileSaturationDetector `yaml:"saturationDetector"`
+	SharedInFlight     *fileSharedInFlight    `yaml:"sharedInFlight"`
 
 	FeatureGates       yaml.Node `yaml:"featureGates"`
 	SchedulingProfiles yaml.Node `yaml:"schedulingProfiles"`
@@ -123,6 +131,15 @@ type fileSaturationDetector struct {
 	Engine string `yaml:"engine"`
 }
 
+// fileSharedInFlight is flowgate's own section: the in-flight view shared
+// with the other gateway replicas through Redis (package redisshare).
+type fileSharedInFlight struct {
+	Address   string         `yaml:"address"`
+	ReplicaID string         `yaml:"replicaId"`
+	Period    *time.Duration `yaml:"period"`
+	TTL       *time.Duration `yaml:"ttl"`
+}
+
 // Policy type names, as registered in flowcontrol's policy registry.
 const (
 	policyStatic         = "static-usage-limit-policy"
@@ -179,6 +196,67 @@ type SaturationConfig struct {
 	Engine string
 }
 
+// SharedConfig configures the in-flight view shared with the other gateway
+// replicas through Redis (package saturation/redisshare). Only the per-backend
+// in-flight counts are shared; queues, bands and the dispatcher stay local.
+// The zero value (Address "") is off: the proxy routes and credits on its
+// own counts.
+type SharedConfig struct {
+	// Address is the Redis "host:port"; "" turns sharing off.
+	Address string
+	// ReplicaID names this replica among those sharing the Redis; it must
+	// be unique (a pod name). Required when Address is set.
+	ReplicaID string
+	// Period between two syncs with Redis. Default redisshare.DefaultPeriod.
+	Period time.Duration
+	// TTL is how long a replica that stopped publishing keeps counting in
+	// the others' views, and how long this one serves the others' last
+	// counts while Redis fails. At least 4 Periods. Default
+	// redisshare.DefaultTTL.
+	TTL time.Duration
+}
+
+// Enabled reports whether sharing is on.
+func (s SharedConfig) Enabled() bool { return s.Address != "" }
+
+// Validate fills the defaults and checks the settings, naming each field as
+// names does (the file's paths, or the proxy's flags).
+func (s *SharedConfig) Validate(names SharedFieldNames) error {
+	if s.Period == 0 {
+		s.Period = redisshare.DefaultPeriod
+	}
+	if s.TTL == 0 {
+		s.TTL = redisshare.DefaultTTL
+	}
+	if !s.Enabled() {
+		if s.ReplicaID != "" {
+			return fmt.Errorf("%s: set without %s", names.ReplicaID, names.Address)
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(s.Address); err != nil {
+		return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, err)
+	}
+	switch {
+	case s.ReplicaID == "":
+		return fmt.Errorf("%s: required with %s (a name unique among the replicas, such as the pod name)", names.ReplicaID, names.Address)
+	case len(s.ReplicaID) > 256:
+		return fmt.Errorf("%s: longer than 256 bytes", names.ReplicaID)
+	case s.Period < time.Millisecond || s.Period > time.Minute:
+		return fmt.Errorf("%s: must be in [1ms, 1m], got %v", names.Period, s.Period)
+	case s.TTL < 4*s.Period || s.TTL > time.Hour:
+		return fmt.Errorf("%s: must be in [4×%s (%v), 1h], got %v", names.TTL, names.Period, 4*s.Period, s.TTL)
+	}
+	return nil
+}
+
+// SharedFieldNames are the names Validate gives the fields in its errors.
+type SharedFieldNames struct{ Address, ReplicaID, Period, TTL string }
+
+// SharedFileFields names the fields as the YAML file writes them.
+var SharedFileFields = SharedFieldNames{Address: "sharedInFlight.address", ReplicaID: "sharedInFlight.replicaId",
+	Period: "sharedInFlight.period", TTL: "sharedInFlight.ttl"}
+
 // Config is the validated proxy configuration.
 type Config struct {
 	Bands       []Band
@@ -192,6 +270,9 @@ type Config struct {
 	// BodyPriority is BodyPriorityKeep, BodyPriorityStrip or
 	// BodyPriorityIgnore ("" reads as keep).
 	BodyPriority string
+	// Shared is the in-flight view shared with other replicas; off by
+	// default.
+	Shared SharedConfig
 	// Warnings lists what the file held that the proxy ignores (llm-d
 	// sections and plugins flowgate has no use for); the proxy logs them.
 	Warnings []string
@@ -852,6 +933,40 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 		cfg.Saturation.Engine = sd.Engine
 	default:
 		return Config{}, fieldError(root, "saturationDetector.engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
+	}
+	if sh := fc.SharedInFlight; sh != nil {
+		path := "sharedInFlight"
+		if sh.Address == "" {
+			return Config{}, fieldError(root, path+".address", "required in a sharedInFlight section (the Redis host:port)")
+		}
+		cfg.Shared = SharedConfig{Address: sh.Address, ReplicaID: sh.ReplicaID}
+		if sh.Period != nil {
+			if *sh.Period <= 0 {
+				return Config{}, fieldError(root, path+".period", "must be > 0, got %v", *sh.Period)
+			}
+			cfg.Shared.Period = *sh.Period
+		}
+		if sh.TTL != nil {
+			if *sh.TTL <= 0 {
+				return Config{}, fieldError(root, path+".ttl", "must be > 0, got %v", *sh.TTL)
+			}
+			cfg.Shared.TTL = *sh.TTL
+		}
+		if cfg.Shared.Period == 0 {
+			cfg.Shared.Period = redisshare.DefaultPeriod
+		}
+		if cfg.Shared.TTL == 0 {
+			cfg.Shared.TTL = redisshare.DefaultTTL
+		}
+		chk := cfg.Shared
+		if chk.ReplicaID == "" {
+			chk.ReplicaID = "-" // may come from the proxy's -replica-id; checked there
+		}
+		if err := chk.Validate(SharedFileFields); err != nil {
+			// Name the line of the field the message starts with.
+			field, msg, _ := strings.Cut(err.Error(), ": ")
+			return Config{}, fieldError(root, field, "%s", msg)
+		}
 	}
 	if cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
 		return Config{}, fieldError(root, "saturationDetector.scrapeInterval",

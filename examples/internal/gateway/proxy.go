@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -23,6 +24,7 @@ import (
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
 	"github.com/flowgate/flowgate/saturation"
+	"github.com/flowgate/flowgate/saturation/redisshare"
 )
 
 // Headers the proxy sets: flowhttp's.
@@ -91,13 +93,49 @@ type Options struct {
 
 type backend struct {
 	base     *url.URL
-	label    string // its base URL: the metrics label (unique, unlike host:port)
-	metrics  string // its /metrics URL, the poller's key for it
-	inflight atomic.Int64
-	failedAt atomic.Int64 // unix ns of its last failed answer (5xx or transport error); 0 = healthy
-	unusable atomic.Bool  // the poller's last verdict on its /metrics: failed, stale or never scraped
-	reason   string       // why it was unusable at the last look (watchPods only)
+	label    string               // its base URL: the metrics label (unique, unlike host:port)
+	metrics  string               // its /metrics URL, the poller's key for it
+	inflight atomic.Int64         // this replica's requests in flight (when not shared)
+	shared   *redisshare.Endpoint // this replica's and the others' (when shared), else nil
+	failedAt atomic.Int64         // unix ns of its last failed answer (5xx or transport error); 0 = healthy
+	unusable atomic.Bool          // the poller's last verdict on its /metrics: failed, stale or never scraped
+	reason   string               // why it was unusable at the last look (watchPods only)
 	rp       *httputil.ReverseProxy
+}
+
+// inc counts one request dispatched to b by this replica.
+func (b *backend) inc() {
+	if b.shared != nil {
+		b.shared.Inc()
+		return
+	}
+	b.inflight.Add(1)
+}
+
+// dec counts one of this replica's requests to b finished.
+func (b *backend) dec() {
+	if b.shared != nil {
+		b.shared.Dec()
+		return
+	}
+	b.inflight.Add(-1)
+}
+
+// own is this replica's requests in flight to b.
+func (b *backend) own() int64 {
+	if b.shared != nil {
+		return b.shared.Own()
+	}
+	return b.inflight.Load()
+}
+
+// load is what pick compares: every replica's requests in flight to b when
+// the view is shared (own + the others' last fetch), else this replica's.
+func (b *backend) load() int64 {
+	if b.shared != nil {
+		return b.shared.InFlight()
+	}
+	return b.inflight.Load()
 }
 
 // ejectFor is how long a backend that just failed (a 5xx or a transport
@@ -120,19 +158,21 @@ type Proxy struct {
 	gate     http.Handler // flowhttp in front of forward
 	llmd     *llmdMetrics // nil unless Options.LLMDMetrics
 	reg      *prometheus.Registry
+	shared   *redisshare.InFlight   // nil unless Config.Shared is enabled
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
 	rr       atomic.Uint64          // tie-breaker for backend choice
 	onFinish func(band, code int, reason string)
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	started bool
+	mu          sync.Mutex
+	closeShared sync.Once
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	started     bool
 }
 
 // NewProxy builds the controller, the saturation poller and the metrics
 // registry. Start runs them.
-func NewProxy(opts Options) (*Proxy, error) {
+func NewProxy(opts Options) (_ *Proxy, err error) {
 	cfg := opts.Config
 	if len(cfg.Bands) == 0 {
 		return nil, errors.New("proxy: Config.Bands is empty")
@@ -147,6 +187,19 @@ func NewProxy(opts Options) (*Proxy, error) {
 	}
 	if p.logf == nil {
 		p.logf = log.Printf
+	}
+	if sh := cfg.Shared; sh.Enabled() {
+		view, err := redisshare.New(redisshare.Options{Addr: sh.Address, ReplicaID: sh.ReplicaID,
+			Period: sh.Period, TTL: sh.TTL, Logger: slog.New(slog.NewTextHandler(logfWriter(p.logf), nil))})
+		if err != nil {
+			return nil, fmt.Errorf("proxy: sharedInFlight: %w", err)
+		}
+		p.shared = view
+		defer func() {
+			if err != nil {
+				_ = view.Close()
+			}
+		}()
 	}
 	if p.maxBody == 0 {
 		p.maxBody = 8 << 20
@@ -192,17 +245,34 @@ func NewProxy(opts Options) (*Proxy, error) {
 			ErrorHandler:   p.backendError,
 			ErrorLog:       log.New(io.Discard, "", 0),
 		}
+		if p.shared != nil {
+			// Its base URL: the same name on every replica given the
+			// same -backends.
+			b.shared = p.shared.Endpoint(b.label)
+		}
 		p.backends = append(p.backends, b)
 		p.byMetric[b.metrics] = b
 		endpoints = append(endpoints, b.metrics)
 	}
 
 	sc := cfg.Saturation
+	var peers func(string) int64
+	if p.shared != nil {
+		// The other replicas' requests join the in-flight credit; this
+		// replica's own go through Dispatched and Finished (forward).
+		peers = func(ep string) int64 {
+			if b := p.byMetric[ep]; b != nil && b.shared != nil {
+				return b.shared.Others()
+			}
+			return 0
+		}
+	}
 	poller, err := saturation.NewPoller(saturation.PollerConfig{
-		Endpoints: endpoints,
-		Interval:  sc.ScrapeInterval,
-		Timeout:   max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
-		Metrics:   metricNames(sc.Engine),
+		PeerInFlight: peers,
+		Endpoints:    endpoints,
+		Interval:     sc.ScrapeInterval,
+		Timeout:      max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
+		Metrics:      metricNames(sc.Engine),
 		Scorer: saturation.Scorer{
 			QueueDepthThreshold: sc.QueueDepthThreshold,
 			KVUtilThreshold:     sc.KVCacheUtilThreshold,
@@ -240,6 +310,9 @@ func NewProxy(opts Options) (*Proxy, error) {
 		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
 	}, []string{"band", "code", "reason"})
 	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
+	if p.shared != nil {
+		p.reg.MustRegister(p.shared.Collector())
+	}
 	if opts.LLMDMetrics {
 		p.llmd = newLLMDMetrics(p)
 		p.reg.MustRegister(p.llmd)
@@ -314,6 +387,11 @@ func (p *Proxy) Start() {
 	go func() { defer p.wg.Done(); <-ran }()
 	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
 	go func() { defer p.wg.Done(); p.watchPods(ctx) }()
+	if p.shared != nil {
+		// All its Redis I/O is here; the request path reads memory only.
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); _ = p.shared.Run(ctx) }()
+	}
 }
 
 // watchPods copies the poller's per-pod verdict (usable or not) to the
@@ -353,7 +431,9 @@ func (p *Proxy) watchPods(ctx context.Context) {
 // example after http.Server.Shutdown returns).
 func (p *Proxy) Drain() { p.ctrl.Close() }
 
-// Close drains and stops the dispatcher and the poller. Idempotent.
+// Close drains and stops the dispatcher, the poller and the shared view's
+// sync loop (which removes this replica's counts from Redis on its way out),
+// then closes the view's Redis client. Idempotent.
 func (p *Proxy) Close() {
 	p.ctrl.Close()
 	p.mu.Lock()
@@ -362,6 +442,22 @@ func (p *Proxy) Close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+	if p.shared != nil {
+		p.closeShared.Do(func() { _ = p.shared.Close() })
+	}
+}
+
+// Shared returns the in-flight view shared with the other replicas, or nil
+// when sharing is off.
+func (p *Proxy) Shared() *redisshare.InFlight { return p.shared }
+
+// logfWriter turns a Logf into the io.Writer behind the shared view's
+// slog logger: one call per line.
+type logfWriter func(format string, args ...any)
+
+func (w logfWriter) Write(b []byte) (int, error) {
+	w("proxy: sharedInFlight: %s", strings.TrimRight(string(b), "\n"))
+	return len(b), nil
 }
 
 // Controller returns the flow controller (for Stats).
@@ -417,11 +513,12 @@ func (p *Proxy) Answers() map[string]int {
 	return out
 }
 
-// InFlight returns the requests forwarded to each backend and not finished.
+// InFlight returns the requests this replica forwarded to each backend and
+// that have not finished (its own, without the other replicas').
 func (p *Proxy) InFlight() []int64 {
 	out := make([]int64, len(p.backends))
 	for i, b := range p.backends {
-		out[i] = b.inflight.Load()
+		out[i] = b.own()
 	}
 	return out
 }
@@ -481,8 +578,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 		flowhttp.WriteError(w, http.StatusServiceUnavailable, ReasonNoBackend, "no backend is configured", true)
 		return
 	}
-	b.inflight.Add(1)
-	defer b.inflight.Add(-1)
+	b.inc()
+	defer b.dec()
 	// The poller counts the request on its backend at once (the in-flight
 	// credit, when on, moves the saturation now, not at the next scrape).
 	if p.poller.Dispatched(b.metrics) {
@@ -532,8 +629,8 @@ func stripOwnHeaders(resp *http.Response) error {
 	return nil
 }
 
-// pick returns the backend with the fewest requests in flight (ties broken
-// round-robin), passing over backends that failed within ejectFor or whose
+// pick returns the backend with the fewest requests in flight (every
+// replica's when the view is shared; ties broken round-robin), passing over backends that failed within ejectFor or whose
 // metrics the poller cannot use — unless every backend is in that state —
 // or nil if there is none.
 func (p *Proxy) pick() *backend {
@@ -552,7 +649,7 @@ func (p *Proxy) pick() *backend {
 		switch {
 		case best == nil,
 			bestAvoid && !avoid,
-			avoid == bestAvoid && b.inflight.Load() < best.inflight.Load():
+			avoid == bestAvoid && b.load() < best.load():
 			best, bestAvoid = b, avoid
 		}
 	}
@@ -603,6 +700,7 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 type backendCollector struct {
 	p        *Proxy
 	inflight *prometheus.Desc
+	others   *prometheus.Desc
 	score    *prometheus.Desc
 	waiting  *prometheus.Desc
 	kv       *prometheus.Desc
@@ -612,15 +710,20 @@ func newBackendCollector(p *Proxy) *backendCollector {
 	l := []string{"backend"}
 	return &backendCollector{
 		p:        p,
-		inflight: prometheus.NewDesc("flowgate_backend_inflight", "Requests forwarded to the backend and not finished.", l, nil),
-		score:    prometheus.NewDesc("flowgate_backend_saturation", "The backend's saturation score at the poller's last rescore.", l, nil),
-		waiting:  prometheus.NewDesc("flowgate_backend_requests_waiting", "The backend's vllm:num_requests_waiting at the last good scrape.", l, nil),
-		kv:       prometheus.NewDesc("flowgate_backend_kv_cache_usage", "The backend's vllm:kv_cache_usage_perc at the last good scrape.", l, nil),
+		inflight: prometheus.NewDesc("flowgate_backend_inflight", "Requests this replica forwarded to the backend and not finished.", l, nil),
+		others: prometheus.NewDesc("flowgate_backend_inflight_others",
+			"The other gateway replicas' requests in flight to the backend, as of the shared view's last sync (only with sharedInFlight).", l, nil),
+		score:   prometheus.NewDesc("flowgate_backend_saturation", "The backend's saturation score at the poller's last rescore.", l, nil),
+		waiting: prometheus.NewDesc("flowgate_backend_requests_waiting", "The backend's vllm:num_requests_waiting at the last good scrape.", l, nil),
+		kv:      prometheus.NewDesc("flowgate_backend_kv_cache_usage", "The backend's vllm:kv_cache_usage_perc at the last good scrape.", l, nil),
 	}
 }
 
 func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inflight
+	if c.p.shared != nil {
+		ch <- c.others
+	}
 	ch <- c.score
 	ch <- c.waiting
 	ch <- c.kv
@@ -628,7 +731,10 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range c.p.backends {
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.inflight.Load()), b.label)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.own()), b.label)
+		if b.shared != nil {
+			ch <- prometheus.MustNewConstMetric(c.others, prometheus.GaugeValue, float64(b.shared.Others()), b.label)
+		}
 	}
 	for _, r := range c.p.poller.Readings() {
 		b := c.p.byMetric[r.Endpoint]
