@@ -70,6 +70,10 @@ type ticket struct {
 	uses  uint64        // owner-only: generations handed out
 	start time.Time     // enqueue time on the configured clock, when OnOutcome is set
 	c     *Controller
+	// owner-only: the flow and cost estimate of a WaitRequest, read by its
+	// done to report the real cost (nil for Wait).
+	flow *flow[*ticket]
+	cost float64
 }
 
 // done releases one in-flight slot if gen is still the ticket's pending
@@ -233,10 +237,16 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 		start = c.now()
 		t.start = start
 	}
+	t.flow = nil
 	if err := c.d.Enqueue(band, t); err != nil {
 		c.pool.Put(t)
 		return noop, err
 	}
+	return c.await(ctx, band, t, start, nil)
+}
+
+// await is the blocking half of Wait and WaitRequest, once t is queued.
+func (c *Controller) await(ctx context.Context, band int, t *ticket, start time.Time, r *Request) (done func(), err error) {
 	select {
 	case <-t.ch:
 	case <-ctx.Done():
@@ -259,6 +269,12 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 		t.uses++
 		gen := t.uses
 		t.gen.Store(gen)
+		if r != nil {
+			// The flow and estimate are copied now: once done fires,
+			// the ticket may be reused.
+			f, est := t.flow, t.cost
+			return func() { t.doneServed(gen, r, f, est) }, nil
+		}
 		return func() { t.done(gen) }, nil
 	case stateExpired:
 		c.pool.Put(t)

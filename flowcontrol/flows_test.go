@@ -1,0 +1,372 @@
+package flowcontrol_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/emirpasic/gods/v2/queues/linkedlistqueue"
+	"github.com/emirpasic/gods/v2/queues/priorityqueue"
+	"pgregory.net/rapid"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+)
+
+// flowName is the id of test flow k.
+func flowName(k int) string { return "tenant-" + strconv.Itoa(k) }
+
+// flowBand is one band of the given fairness.
+func flowBand(fairness string, capacity int) []flowcontrol.BandConfig {
+	return []flowcontrol.BandConfig{{Capacity: capacity, Fairness: fairness}}
+}
+
+// Round-robin: between two releases of a flow that stayed backlogged (it
+// had items queued right after the first), every other flow is released at
+// most once; and the order is exactly the rotation the model computes: a
+// flow that becomes backlogged joins the end of the turn, a flow that is
+// released and still has items goes to the end.
+func TestRoundRobinProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		k := rapid.IntRange(1, 6).Draw(t, "flows")
+		burst := rapid.IntRange(1, 5).Draw(t, "burst")
+		// A gated band (open one opportunity in two, Burst per
+		// opening), so that a step releases only a few.
+		var r rec
+		pol := everyPolicy(2)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+			Bands: flowBand(flowcontrol.FairnessRoundRobin, 64), Burst: burst, Source: newSat(0.9),
+			Policy: pol}}, &r)
+		defer d.Close()
+		flowOf := map[int]int{}
+		queued := make([]*linkedlistqueue.Queue[int], k)
+		for i := range queued {
+			queued[i] = linkedlistqueue.New[int]()
+		}
+		var turn []int // the model's rotation
+		inTurn := make([]bool, k)
+		next := 0
+		var released []int // flow of each release, in order
+		backlogged := []bool{}
+		for range rapid.IntRange(1, 200).Draw(t, "actions") {
+			if rapid.IntRange(0, 2).Draw(t, "op") > 0 {
+				f := rapid.IntRange(0, k-1).Draw(t, "flow")
+				if err := d.EnqueueFlow(0, flowName(f), 1, time.Time{}, next); err != nil {
+					if errors.Is(err, flowcontrol.ErrQueueFull) {
+						continue
+					}
+					t.Fatal(err)
+				}
+				flowOf[next] = f
+				queued[f].Enqueue(next)
+				if !inTurn[f] {
+					inTurn[f] = true
+					turn = append(turn, f)
+				}
+				next++
+				continue
+			}
+			d.Step()
+			for _, e := range r.take() {
+				if e.reason != nil {
+					t.Fatalf("item %d dropped: %v", e.item, e.reason)
+				}
+				f := flowOf[e.item]
+				if len(turn) == 0 || turn[0] != f {
+					t.Fatalf("released flow %d, model's turn %v", f, turn)
+				}
+				if want, _ := queued[f].Dequeue(); want != e.item {
+					t.Fatalf("flow %d released item %d, want %d (FIFO within the flow)", f, e.item, want)
+				}
+				turn = turn[1:]
+				if queued[f].Size() > 0 {
+					turn = append(turn, f)
+				} else {
+					inTurn[f] = false
+				}
+				released = append(released, f)
+				backlogged = append(backlogged, queued[f].Size() > 0)
+			}
+		}
+		// The property, checked on the record (independently of the
+		// model above): between two releases of a flow still
+		// backlogged after the first, no other flow goes twice.
+		for i, f := range released {
+			if !backlogged[i] {
+				continue
+			}
+			seen := map[int]int{}
+			for j := i + 1; j < len(released) && released[j] != f; j++ {
+				if seen[released[j]]++; seen[released[j]] > 1 {
+					t.Fatalf("between two releases of backlogged flow %d (at %d), flow %d was released twice: %v", f, i, released[j], released[i:j+1])
+				}
+			}
+		}
+	})
+}
+
+// everyPolicy opens every band one opportunity in n.
+type everyPolicy int
+
+func (p everyPolicy) Gate(band, bands int, s float64) flowcontrol.Gate {
+	return flowcontrol.Gate{Ceiling: 0, Every: int(p)}
+}
+
+// sfqModel is start-time fair queuing restated over a gods priority queue
+// of active flows, keyed by (virtual start tag, activation order).
+type sfqModel struct {
+	vtime  float64
+	finish map[int]float64
+	start  map[int]float64
+	order  map[int]int
+	seq    int
+	items  map[int]*linkedlistqueue.Queue[[2]float64] // flow → (id, cost)
+	active *priorityqueue.Queue[int]
+}
+
+func newSFQModel() *sfqModel {
+	m := &sfqModel{finish: map[int]float64{}, start: map[int]float64{}, order: map[int]int{},
+		items: map[int]*linkedlistqueue.Queue[[2]float64]{}}
+	m.active = priorityqueue.NewWith(func(a, b int) int {
+		switch {
+		case m.start[a] < m.start[b]:
+			return -1
+		case m.start[a] > m.start[b]:
+			return 1
+		}
+		return m.order[a] - m.order[b]
+	})
+	return m
+}
+
+func (m *sfqModel) enqueue(f, id int, cost float64) {
+	q := m.items[f]
+	if q == nil {
+		q = linkedlistqueue.New[[2]float64]()
+		m.items[f] = q
+	}
+	if q.Empty() {
+		m.start[f] = math.Max(m.vtime, m.finish[f])
+		m.order[f] = m.seq
+		m.seq++
+		m.active.Enqueue(f)
+	}
+	q.Enqueue([2]float64{float64(id), cost})
+}
+
+// release returns the flow and item the model releases next.
+func (m *sfqModel) release() (int, int, float64, bool) {
+	f, ok := m.active.Dequeue()
+	if !ok {
+		return 0, 0, 0, false
+	}
+	it, _ := m.items[f].Dequeue()
+	m.vtime = m.start[f]
+	m.finish[f] = m.start[f] + it[1]
+	m.start[f] = math.Max(m.vtime, m.finish[f])
+	if !m.items[f].Empty() {
+		m.active.Enqueue(f)
+	}
+	return f, int(it[0]), it[1], true
+}
+
+// Fair-share: the release order is exactly start-time fair queuing (the
+// gods-heap model above), with flows arriving, emptying and coming back at
+// random; and over every window of releases in which every flow stayed
+// backlogged, any two flows' cost-weighted service differs by at most two
+// maximum-cost items (SFQ's fairness bound for equal weights), so over a
+// long backlogged run each flow's share is within ±10 % of 1/k once the
+// window holds 20 maximum-cost items per flow.
+func TestFairShareProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		k := rapid.IntRange(1, 5).Draw(t, "flows")
+		burst := rapid.IntRange(1, 8).Draw(t, "burst")
+		maxCost := make([]float64, k)
+		for f := range maxCost {
+			maxCost[f] = float64(rapid.IntRange(1, 50).Draw(t, "maxCost"))
+		}
+		var r rec
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+			Bands: flowBand(flowcontrol.FairnessShare, 256), Burst: burst, Source: newSat(0.9), Policy: everyPolicy(2)}}, &r)
+		defer d.Close()
+		m := newSFQModel()
+		flowOf, costOf := map[int]int{}, map[int]float64{}
+		queued := make([]int, k)
+		next := 0
+		type rel struct {
+			flow int
+			cost float64
+			all  bool // every flow backlogged just before this release
+		}
+		var rels []rel
+		lmax := 0.0
+		for range rapid.IntRange(1, 300).Draw(t, "actions") {
+			if rapid.IntRange(0, 3).Draw(t, "op") > 0 {
+				f := rapid.IntRange(0, k-1).Draw(t, "flow")
+				c := float64(rapid.IntRange(1, int(maxCost[f])).Draw(t, "cost"))
+				if err := d.EnqueueFlow(0, flowName(f), c, time.Time{}, next); err != nil {
+					continue // band full
+				}
+				m.enqueue(f, next, c)
+				flowOf[next], costOf[next] = f, c
+				queued[f]++
+				lmax = math.Max(lmax, c)
+				next++
+				continue
+			}
+			d.Step()
+			for _, e := range r.take() {
+				all := true
+				for _, q := range queued {
+					all = all && q > 0
+				}
+				f, id, _, ok := m.release()
+				if !ok || id != e.item {
+					t.Fatalf("released item %d (flow %d), model says item %d (flow %d, ok %v)", e.item, flowOf[e.item], id, f, ok)
+				}
+				queued[f]--
+				rels = append(rels, rel{f, costOf[e.item], all})
+			}
+		}
+		if k < 2 {
+			return
+		}
+		// Windows in which every flow was backlogged before each release.
+		for i := 0; i < len(rels); i++ {
+			w := make([]float64, k)
+			for j := i; j < len(rels) && rels[j].all; j++ {
+				w[rels[j].flow] += rels[j].cost
+				lo, hi := math.Inf(1), math.Inf(-1)
+				total := 0.0
+				for _, x := range w {
+					lo, hi = math.Min(lo, x), math.Max(hi, x)
+					total += x
+				}
+				if hi-lo > 2*lmax {
+					t.Fatalf("window %d..%d: services %v differ by %v > 2 × max cost %v", i, j, w, hi-lo, lmax)
+				}
+				if mean := total / float64(k); mean >= 20*lmax {
+					for f, x := range w {
+						if math.Abs(x-mean) > 0.1*mean {
+							t.Fatalf("window %d..%d: flow %d served %v, mean %v: outside ±10 %%", i, j, f, x, mean)
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// Fair-share never starves: with two flows kept backlogged, one of cheap
+// items and one of items 100 × dearer, the dear flow is released within
+// every two maximum-cost items' worth of the cheap flow's service, and a
+// flow that arrives late starts at the current virtual time — it is not
+// ahead for its idle past (it does not monopolise the band) nor behind.
+func TestFairShareNoStarvationNewcomer(t *testing.T) {
+	var r rec
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+		Bands: flowBand(flowcontrol.FairnessShare, 4096), Burst: 1, Source: newSat(0), Policy: everyPolicy(2)}}, &r)
+	defer d.Close()
+	id := 0
+	enq := func(flow string, cost float64, n int) {
+		for range n {
+			if err := d.EnqueueFlow(0, flow, cost, time.Time{}, id); err != nil {
+				t.Fatal(err)
+			}
+			id++
+		}
+	}
+	enq("cheap", 1, 2000)
+	for range 2000 { // one release per two steps
+		d.Step()
+	}
+	r.take()
+	// The newcomer arrives after 1000 units of service to "cheap".
+	first := id
+	enq("dear", 100, 10)
+	served := map[bool]float64{}
+	sinceDear := 0.0
+	for range 2400 {
+		d.Step()
+		for _, e := range r.take() {
+			dear := e.item >= first
+			if dear {
+				served[true] += 100
+				sinceDear = 0
+			} else {
+				served[false]++
+				sinceDear++
+			}
+			if sinceDear > 200 {
+				t.Fatalf("dear flow waited %v units of cheap service", sinceDear)
+			}
+		}
+	}
+	// 1200 releases: the shares are within two dear items of equal.
+	if diff := math.Abs(served[true] - served[false]); diff > 200 {
+		t.Fatalf("served %v: a newcomer must neither monopolise nor starve", served)
+	}
+}
+
+// Per-flow capacity is exact: a flow is refused with ErrFlowFull (which is
+// ErrQueueFull) exactly when it holds FlowCapacity items, whatever the
+// others hold; the band's Capacity still applies; Stats counts each.
+func TestFlowCapacityExact(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		capacity := rapid.IntRange(1, 20).Draw(t, "capacity")
+		fc := rapid.IntRange(1, capacity).Draw(t, "flowCapacity")
+		fair := rapid.SampledFrom([]string{flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}).Draw(t, "fairness")
+		var r rec
+		bands := []flowcontrol.BandConfig{{Capacity: capacity, Fairness: fair, FlowCapacity: fc}}
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+			Bands: bands, Burst: 1, Source: newSat(0), Policy: everyPolicy(1)}}, &r)
+		defer d.Close()
+		held := map[string]int{}
+		flowOf := map[int]string{}
+		total, full, flowFull := 0, uint64(0), uint64(0)
+		for i := range rapid.IntRange(1, 100).Draw(t, "actions") {
+			if rapid.IntRange(0, 3).Draw(t, "op") == 0 {
+				d.Step()
+				for _, e := range r.take() {
+					held[flowOf[e.item]]--
+					total--
+				}
+				continue
+			}
+			f := flowName(rapid.IntRange(0, 3).Draw(t, "flow"))
+			err := d.EnqueueFlow(0, f, 1, time.Time{}, i)
+			switch {
+			case total >= capacity:
+				if !errors.Is(err, flowcontrol.ErrQueueFull) || errors.Is(err, flowcontrol.ErrFlowFull) {
+					t.Fatalf("band full: got %v", err)
+				}
+				full++
+			case held[f] >= fc:
+				if !errors.Is(err, flowcontrol.ErrFlowFull) || !errors.Is(err, flowcontrol.ErrQueueFull) {
+					t.Fatalf("flow %s holds %d of %d: got %v", f, held[f], fc, err)
+				}
+				flowFull++
+			case err != nil:
+				t.Fatalf("flow %s holds %d of %d, band %d of %d: refused %v", f, held[f], fc, total, capacity, err)
+			default:
+				held[f]++
+				total++
+				flowOf[i] = f
+			}
+			st := d.Stats().Bands[0]
+			if st.Rejected != full || st.FlowFull != flowFull || st.Queued != total {
+				t.Fatalf("stats %+v, want rejected %d flowFull %d queued %d", st, full, flowFull, total)
+			}
+			for _, fsx := range d.Flows(0) {
+				if fsx.Queued != held[fsx.Flow] {
+					t.Fatalf("Flows: %s queued %d, model %d", fsx.Flow, fsx.Queued, held[fsx.Flow])
+				}
+			}
+		}
+	})
+}
+
+// flowsString is for failure messages.
+func flowsString(fs []flowcontrol.FlowStats) string { return fmt.Sprint(fs) }
