@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -370,3 +371,219 @@ func TestFlowCapacityExact(t *testing.T) {
 
 // flowsString is for failure messages.
 func flowsString(fs []flowcontrol.FlowStats) string { return fmt.Sprint(fs) }
+
+// flowItem is what the flow state machine knows of an accepted item.
+type flowItem struct {
+	band, flow int
+	seq        int
+	due        int64 // fake-clock ns; math.MaxInt64 = none
+	ended      bool
+}
+
+// Exactly once with flows: random EnqueueFlow (with costs and per-item
+// deadlines) / cancel (with or without Abandon) / advance time / change
+// saturation / Step / Poll / Close on a round-robin and a fair-share band,
+// each with a random ordering, MaxWait and FlowCapacity. Checked after every
+// action: each item ends once; a cancelled owner's item ends as cancelled;
+// an item expires only when due and is dispatched only before; nothing due
+// is left queued after a Step; after an Abandon's tick no abandoned item is
+// left; within a flow items leave in FIFO (fcfs) or deadline (edf) order;
+// refusals are exactly the model's (band full, flow full); Stats and Flows
+// add up to the model.
+func TestFlowStateMachine(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		const nb = 2
+		fair := []string{flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}
+		bands := make([]flowcontrol.BandConfig, nb)
+		for b := range bands {
+			bands[b] = flowcontrol.BandConfig{
+				Capacity: rapid.IntRange(1, 8).Draw(t, "capacity"),
+				Fairness: fair[b],
+				Ordering: rapid.SampledFrom([]string{"", flowcontrol.OrderingFCFS, flowcontrol.OrderingEDF}).Draw(t, "ordering"),
+				MaxWait:  time.Duration(rapid.IntRange(0, 5).Draw(t, "maxWaitMs")) * time.Millisecond,
+			}
+			bands[b].FlowCapacity = rapid.IntRange(0, bands[b].Capacity).Draw(t, "flowCapacity")
+		}
+		burst := rapid.IntRange(1, 3).Draw(t, "burst")
+		clk := newFakeClock()
+		sat := newSat(0)
+		dead := map[int]bool{}
+		var r rec
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bands, Burst: burst, Source: sat, Now: clk.Now},
+			Abandoned: func(i int) bool { return dead[i] }}, &r)
+		items := map[int]*flowItem{}
+		counts := make([]map[string]uint64, nb)
+		for b := range counts {
+			counts[b] = map[string]uint64{}
+		}
+		pending := make([]bool, nb) // Abandon called since the band's last run
+		closed := false
+		next, seq := 0, 0
+		queuedIn := func(b, f int) int {
+			n := 0
+			for _, it := range items {
+				if !it.ended && it.band == b && (f < 0 || it.flow == f) {
+					n++
+				}
+			}
+			return n
+		}
+		// before reports whether it must leave its flow before x.
+		before := func(it, x *flowItem) bool {
+			if bands[x.band].Ordering == flowcontrol.OrderingEDF {
+				return it.due < x.due || it.due == x.due && it.seq < x.seq
+			}
+			return it.seq < x.seq
+		}
+		handle := func(what string, now int64) {
+			for _, e := range r.take() {
+				x := items[e.item]
+				if x == nil || x.ended {
+					t.Fatalf("%s: item %d ended twice or never accepted: %v", what, e.item, e.reason)
+				}
+				switch {
+				case dead[e.item]:
+					if !errors.Is(e.reason, flowcontrol.ErrCancelled) {
+						t.Fatalf("%s: item %d, cancelled by its owner, ended %v", what, e.item, e.reason)
+					}
+				case e.reason == nil:
+					if now >= x.due {
+						t.Fatalf("%s: item %d dispatched at %d, due %d", what, e.item, now, x.due)
+					}
+					for id, it := range items {
+						if !it.ended && id != e.item && it.band == x.band && it.flow == x.flow && !dead[id] && before(it, x) && now < it.due {
+							t.Fatalf("%s: item %d of band %d flow %d dispatched before live item %d", what, e.item, x.band, x.flow, id)
+						}
+					}
+				case errors.Is(e.reason, flowcontrol.ErrExpired):
+					if now < x.due {
+						t.Fatalf("%s: item %d expired at %d, due %d", what, e.item, now, x.due)
+					}
+				case errors.Is(e.reason, flowcontrol.ErrClosed):
+					if what != "Close" {
+						t.Fatalf("%s: item %d closed", what, e.item)
+					}
+				default:
+					t.Fatalf("%s: item %d ended %v", what, e.item, e.reason)
+				}
+				x.ended = true
+				counts[x.band][reasonName(e.reason)]++
+			}
+		}
+		check := func(what string) {
+			st := d.Stats()
+			for b, bs := range st.Bands {
+				c := counts[b]
+				if bs.Queued != queuedIn(b, -1) || bs.Dispatched != c["dispatched"] ||
+					bs.Expired != c[flowcontrol.ErrExpired.Error()] || bs.Cancelled != c[flowcontrol.ErrCancelled.Error()] ||
+					bs.Closed != c[flowcontrol.ErrClosed.Error()] {
+					t.Fatalf("%s: band %d stats %+v, model queued %d counts %v", what, b, bs, queuedIn(b, -1), c)
+				}
+				for _, f := range d.Flows(b) {
+					k, _ := strconv.Atoi(f.Flow[len("tenant-"):])
+					if f.Queued != queuedIn(b, k) {
+						t.Fatalf("%s: band %d flow %s queued %d, model %d", what, b, f.Flow, f.Queued, queuedIn(b, k))
+					}
+				}
+			}
+		}
+		now := func() int64 { return int64(clk.Elapsed()) }
+		for range rapid.IntRange(10, 300).Draw(t, "actions") {
+			what := rapid.SampledFrom([]string{"enqueue", "enqueue", "enqueue", "cancel", "advance", "advance",
+				"saturation", "step", "step", "step", "poll", "close"}).Draw(t, "action")
+			switch what {
+			case "enqueue":
+				b := rapid.IntRange(0, nb-1).Draw(t, "band")
+				f := rapid.IntRange(0, 3).Draw(t, "flow")
+				var deadline time.Time
+				dl := int64(math.MaxInt64)
+				if rapid.Bool().Draw(t, "hasDeadline") {
+					off := time.Duration(rapid.IntRange(0, 6).Draw(t, "deadlineMs")) * time.Millisecond
+					deadline = clk.Now().Add(off)
+					dl = now() + int64(off)
+				}
+				err := d.EnqueueFlow(b, flowName(f), float64(rapid.IntRange(1, 9).Draw(t, "cost")), deadline, next)
+				var want error
+				switch {
+				case closed:
+					want = flowcontrol.ErrClosed
+				case queuedIn(b, -1) >= bands[b].Capacity:
+					want = flowcontrol.ErrQueueFull
+				case bands[b].FlowCapacity > 0 && queuedIn(b, f) >= bands[b].FlowCapacity:
+					want = flowcontrol.ErrFlowFull
+				}
+				if want == nil && err != nil || want != nil && !errors.Is(err, want) ||
+					errors.Is(err, flowcontrol.ErrFlowFull) != errors.Is(want, flowcontrol.ErrFlowFull) {
+					t.Fatalf("EnqueueFlow(%d, flow %d) = %v, model %v", b, f, err, want)
+				}
+				if err == nil {
+					due := int64(math.MaxInt64)
+					if bands[b].MaxWait > 0 {
+						due = now() + int64(bands[b].MaxWait)
+					}
+					if bands[b].Ordering == flowcontrol.OrderingEDF {
+						due = min(due, dl)
+					}
+					items[next] = &flowItem{band: b, flow: f, seq: seq, due: due}
+					seq++
+				}
+				next++
+			case "cancel":
+				var live []int
+				for id, it := range items {
+					if !it.ended && !dead[id] {
+						live = append(live, id)
+					}
+				}
+				if len(live) == 0 {
+					continue
+				}
+				slices.Sort(live)
+				id := rapid.SampledFrom(live).Draw(t, "id")
+				dead[id] = true
+				if rapid.Bool().Draw(t, "abandon") {
+					pending[items[id].band] = !closed
+					d.Abandon(items[id].band)
+				}
+			case "advance":
+				clk.Advance(time.Duration(rapid.IntRange(0, 3).Draw(t, "ms")) * time.Millisecond)
+			case "saturation":
+				sat.Set(saturationGen().Draw(t, "s"))
+			case "step", "poll":
+				if what == "step" {
+					d.Step()
+				} else {
+					d.Poll()
+				}
+				handle(what, now())
+				for id, it := range items {
+					if closed || it.ended {
+						continue
+					}
+					if what == "step" && it.due <= now() {
+						t.Fatalf("step: item %d due at %d still queued at %d", id, it.due, now())
+					}
+					if pending[it.band] && dead[id] {
+						t.Fatalf("%s: abandoned item %d still queued after the sweep", what, id)
+					}
+				}
+				clear(pending)
+			case "close":
+				if rapid.IntRange(0, 9).Draw(t, "reallyClose") != 0 {
+					continue
+				}
+				closed = true
+				d.Close()
+				handle("Close", now())
+			}
+			check(what)
+		}
+		d.Close()
+		handle("Close", now())
+		for id, it := range items {
+			if !it.ended {
+				t.Fatalf("after Close item %d has no outcome", id)
+			}
+		}
+	})
+}
