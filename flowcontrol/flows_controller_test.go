@@ -3,6 +3,7 @@ package flowcontrol_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -12,66 +13,51 @@ import (
 	"github.com/flowgate/flowgate/flowcontrol"
 )
 
-// WaitRequest's done charges the flow what it really served: a flow that
-// estimated 1 and served 100 goes behind a flow that served what it
-// estimated, until the two are even again.
-func TestWaitRequestServedCharges(t *testing.T) {
-	c := newTestController(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{
-		Bands: flowBand(flowcontrol.FairnessShare, 64), Burst: 1, Source: newSat(0), Policy: everyPolicy(2)}, Stepped: true})
-	defer c.Close()
-	type res struct {
-		flow string
-		waitResult
-	}
-	out := make(chan res, 64)
-	wait := func(flow string, n int) {
+// Charge moves a fair-share flow's finish tag: a flow that estimated 1 and
+// served 100 goes behind a flow that served what it estimated, until the
+// two are even again. (That WaitRequest's done charges Served − Cost is
+// TestDoneServedCharges, inside the package.)
+func TestChargeReorders(t *testing.T) {
+	var r rec
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+		Bands: flowBand(flowcontrol.FairnessShare, 64), Burst: 1, Source: newSat(0), Policy: everyPolicy(2)}}, &r)
+	defer d.Close()
+	id := 0
+	enq := func(flow string, n int) {
 		for range n {
-			go func() {
-				r := &flowcontrol.Request{Flow: flow, Cost: 1}
-				done, err := c.WaitRequest(context.Background(), 0, r)
-				r.Served = 1
-				if flow == "greedy" {
-					r.Served = 100
-				}
-				out <- res{flow, waitResult{done, err}}
-			}()
+			if err := d.EnqueueFlow(0, flow, 1, time.Time{}, id); err != nil {
+				t.Fatal(err)
+			}
+			id++
 		}
 	}
-	// release steps until one waiter is released (Every 2: two steps).
-	release := func() res {
-		c.Step()
-		c.Step()
-		r := <-out
-		if r.err != nil {
-			t.Fatal(r.err)
+	flowOf := func(item int) string {
+		if item == 0 || item >= 2 && item < 5 {
+			return "greedy"
 		}
-		r.done() // reports Served
-		return r
+		return "modest"
 	}
-	wait("greedy", 1)
-	wait("modest", 1)
-	waitQueued(c, 0, 2)
-	release()
-	release()
-	// Both served once; greedy 100, modest 1. Now both backlogged.
-	wait("greedy", 3)
-	waitQueued(c, 0, 3)
-	wait("modest", 5)
-	waitQueued(c, 0, 8)
 	var order []string
-	for range 8 {
-		order = append(order, release().flow)
-	}
-	// modest's five go before greedy's next (greedy's finish tag is 100
-	// virtual units ahead); then greedy.
-	for i, f := range order {
-		if want := map[bool]string{true: "modest", false: "greedy"}[i < 5]; f != want {
-			t.Fatalf("release order %v: greedy must wait for the 99 units it under-estimated", order)
+	steps := func(n int) {
+		for range n {
+			d.Step()
+			for _, e := range r.take() {
+				order = append(order, flowOf(e.item))
+			}
 		}
 	}
-	st := c.Stats().Bands[0]
-	if st.Dispatched != 10 || st.Queued != 0 || c.InFlight() != 0 {
-		t.Fatalf("stats %+v, in flight %d", st, c.InFlight())
+	enq("greedy", 1) // item 0
+	enq("modest", 1) // item 1
+	steps(4)
+	d.Charge(0, "greedy", 99) // served 100, estimated 1
+	d.Charge(0, "modest", 0)
+	enq("greedy", 3) // items 2..4
+	enq("modest", 5) // items 5..9
+	order = order[:0]
+	steps(16)
+	want := []string{"modest", "modest", "modest", "modest", "modest", "greedy", "greedy", "greedy"}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("release order %v, want %v: greedy must wait for the 99 units it under-estimated", order, want)
 	}
 }
 
