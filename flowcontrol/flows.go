@@ -171,7 +171,8 @@ func siftDown[T any](h []fentry[T], i int) {
 	}
 }
 
-// fifo is a growable circular FIFO owned by one goroutine. After warm-up it
+// fifo is a growable circular FIFO owned by one goroutine. Its length is a
+// power of two (so positions are masked, not divided). After warm-up it
 // does not allocate: the buffer keeps its largest size.
 type fifo[E any] struct {
 	buf   []E
@@ -183,11 +184,11 @@ func (q *fifo[E]) push(e E) {
 	if q.n == len(q.buf) {
 		buf := make([]E, max(4, 2*len(q.buf)))
 		for i := 0; i < q.n; i++ {
-			buf[i] = q.buf[(q.start+i)%len(q.buf)]
+			buf[i] = q.buf[(q.start+i)&(len(q.buf)-1)]
 		}
 		q.buf, q.start = buf, 0
 	}
-	q.buf[(q.start+q.n)%len(q.buf)] = e
+	q.buf[(q.start+q.n)&(len(q.buf)-1)] = e
 	q.n++
 }
 
@@ -198,7 +199,7 @@ func (q *fifo[E]) pop() (E, bool) {
 	}
 	e := q.buf[q.start]
 	q.buf[q.start] = zero
-	q.start = (q.start + 1) % len(q.buf)
+	q.start = (q.start + 1) & (len(q.buf) - 1)
 	q.n--
 	return e, true
 }
@@ -295,13 +296,16 @@ func (h *flowHeap[T]) remove(f *flow[T]) {
 
 // flows is the flow state of one flow band.
 type flows[T any] struct {
-	fair     int
-	edf      bool
-	timed    bool  // items have deadlines: MaxWait or edf
-	flowCap  int64 // 0 = none
-	idle     int64 // ns
-	ring     *queue.Ring[fentry[T]]
-	ids      sync.Map // string → *flow[T]
+	fair    int
+	edf     bool
+	timed   bool  // items have deadlines: MaxWait or edf
+	flowCap int64 // 0 = none
+	idle    int64 // ns
+	ring    *queue.Ring[fentry[T]]
+	ids     sync.Map // string → *flow[T]
+	// last is the flow the last lookup found: a band whose traffic is
+	// mostly one flow (DefaultFlow, from Enqueue and Wait) skips the map.
+	last     atomic.Pointer[flow[T]]
 	full     atomic.Uint64
 	known    atomic.Int64 // len(all), for Stats
 	lastTick int64        // last idle sweep
@@ -338,17 +342,22 @@ func newFlows[T any](bc BandConfig) *flows[T] {
 // the flow if needed, or nil when the flow holds FlowCapacity items.
 func (fs *flows[T]) lookup(id string) *flow[T] {
 	for {
-		v, ok := fs.ids.Load(id)
-		if !ok {
-			nf := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1}
-			v, _ = fs.ids.LoadOrStore(id, nf)
+		f := fs.last.Load()
+		if f == nil || f.id != id {
+			v, ok := fs.ids.Load(id)
+			if !ok {
+				nf := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1}
+				v, _ = fs.ids.LoadOrStore(id, nf)
+			}
+			f = v.(*flow[T])
+			fs.last.Store(f)
 		}
-		f := v.(*flow[T])
 		n := f.count.Add(1)
 		if n <= 0 {
 			// Forgotten by the tick between our load and our add:
 			// help remove it and look again.
 			fs.ids.CompareAndDelete(id, f)
+			fs.last.CompareAndSwap(f, nil)
 			continue
 		}
 		if fs.flowCap > 0 && n > fs.flowCap {
@@ -548,13 +557,13 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 		var f *flow[T]
 		if fs.fair == fairRR {
 			// The cursor is the list's front: one release per turn,
-			// then the flow goes to the back if it has more.
-			g, ok := fs.rr.pop()
-			if !ok {
+			// then the flow goes to the back if it has more (see
+			// below). It stays in the list meanwhile; a flow alone
+			// in it is not rotated at all.
+			if fs.rr.n == 0 {
 				return
 			}
-			g.inList = false
-			f = g
+			f = *fs.rr.front()
 		} else {
 			if len(fs.vt.fs) == 0 {
 				return
@@ -578,12 +587,27 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 			}
 			bump(&b.dispatched)
 			f.dispatched.Store(f.dispatched.Load() + 1)
-			if fs.fair == fairRR && f.len() > 0 {
-				f.inList = true
-				fs.rr.push(f)
+			if fs.fair == fairRR {
+				fs.turn(f)
 			}
 			d.dispatch(i, e.item)
+		} else if fs.fair == fairRR {
+			fs.turn(f)
 		}
+	}
+}
+
+// turn ends the turn of f, the front of the round-robin list: it goes to
+// the back if it still has items, and leaves the list if not.
+func (fs *flows[T]) turn(f *flow[T]) {
+	if f.len() == 0 {
+		fs.rr.pop()
+		f.inList = false
+		return
+	}
+	if fs.rr.n > 1 {
+		fs.rr.pop()
+		fs.rr.push(f)
 	}
 }
 
