@@ -69,7 +69,8 @@ func TestWaitRequestStress(t *testing.T) {
 	sat := newSat(0.8) // band 1 of 2 gated
 	bands := []flowcontrol.BandConfig{
 		{Capacity: 32, Fairness: flowcontrol.FairnessShare, FlowCapacity: 8, Ordering: flowcontrol.OrderingEDF, MaxWait: 2 * time.Millisecond},
-		{Capacity: 16, Fairness: flowcontrol.FairnessRoundRobin, FlowCapacity: 4, MaxWait: time.Millisecond},
+		// FlowIdle 1 ms: flows are forgotten while producers race to use them.
+		{Capacity: 16, Fairness: flowcontrol.FairnessRoundRobin, FlowCapacity: 4, MaxWait: time.Millisecond, FlowIdle: time.Millisecond},
 	}
 	c := newTestController(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: sat, Tick: 100 * time.Microsecond}})
 	ctx, stop := context.WithCancel(context.Background())

@@ -403,6 +403,9 @@ func TestFlowStateMachine(t *testing.T) {
 				MaxWait:  time.Duration(rapid.IntRange(0, 5).Draw(t, "maxWaitMs")) * time.Millisecond,
 			}
 			bands[b].FlowCapacity = rapid.IntRange(0, bands[b].Capacity).Draw(t, "flowCapacity")
+			// Short enough that flows are forgotten and come back
+			// within a run.
+			bands[b].FlowIdle = time.Duration(rapid.IntRange(1, 8).Draw(t, "flowIdleMs")) * time.Millisecond
 		}
 		burst := rapid.IntRange(1, 3).Draw(t, "burst")
 		clk := newFakeClock()
@@ -586,4 +589,62 @@ func TestFlowStateMachine(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Idle flows are forgotten: a flow with nothing queued for FlowIdle leaves
+// Flows and Stats.Flows by the tick after 1.25 × FlowIdle, not before
+// FlowIdle; a flow with items (here in a blocked band) is never forgotten; a
+// forgotten flow that comes back starts afresh (its Dispatched from 0).
+func TestIdleFlowsForgotten(t *testing.T) {
+	clk := newFakeClock()
+	var r rec
+	mk := func(every int) *flowcontrol.Dispatcher[int] {
+		return newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+			Bands:  []flowcontrol.BandConfig{{Capacity: 8, Fairness: flowcontrol.FairnessShare, FlowIdle: time.Minute}},
+			Source: newSat(0.9), Policy: everyPolicy(every), Now: clk.Now}}, &r)
+	}
+	open, blocked := mk(1), mk(0)
+	defer open.Close()
+	defer blocked.Close()
+	known := func(d *flowcontrol.Dispatcher[int]) map[string]flowcontrol.FlowStats {
+		m := map[string]flowcontrol.FlowStats{}
+		for _, f := range d.Flows(0) {
+			m[f.Flow] = f
+		}
+		if n := d.Stats().Bands[0].Flows; n != len(m) {
+			t.Fatalf("Stats.Flows %d, Flows lists %d", n, len(m))
+		}
+		return m
+	}
+	step := func() { open.Step(); blocked.Step(); r.take() }
+	if err := open.EnqueueFlow(0, "a", 1, time.Time{}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := blocked.EnqueueFlow(0, "b", 1, time.Time{}, 2); err != nil {
+		t.Fatal(err)
+	}
+	step() // a released, b stays
+	if k := known(open); k["a"].Dispatched != 1 || len(k) != 1 {
+		t.Fatalf("flows %v", k)
+	}
+	clk.Advance(time.Minute - time.Nanosecond)
+	step()
+	if _, ok := known(open)["a"]; !ok {
+		t.Fatal("a forgotten before FlowIdle")
+	}
+	clk.Advance(time.Minute / 4)
+	step()
+	if k := known(open); len(k) != 0 {
+		t.Fatalf("a still known 1.25 × FlowIdle after its last item: %v", k)
+	}
+	if k := known(blocked); k["b"].Queued != 1 {
+		t.Fatalf("b, queued, must not be forgotten: %v", k)
+	}
+	if err := open.EnqueueFlow(0, "a", 1, time.Time{}, 3); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	if k := known(open); k["a"].Dispatched != 1 {
+		t.Fatalf("a came back: %v, want Dispatched 1 (afresh)", k)
+	}
 }
