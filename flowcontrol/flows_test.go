@@ -2,7 +2,6 @@ package flowcontrol_test
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -368,9 +367,6 @@ func TestFlowCapacityExact(t *testing.T) {
 		}
 	})
 }
-
-// flowsString is for failure messages.
-func flowsString(fs []flowcontrol.FlowStats) string { return fmt.Sprint(fs) }
 
 // flowItem is what the flow state machine knows of an accepted item.
 type flowItem struct {
