@@ -50,11 +50,20 @@ const (
 // increment and looks the flow up again.
 const deadFlow = math.MinInt64 / 2
 
-// fentry is one queued item of a flow band.
+// qentry is one item in its flow's queue. It does not repeat the flow (the
+// queue's owner), so that moving items, which is most of a flow band's
+// tick, copies as little as possible.
+type qentry[T any] struct {
+	item T
+	due  int64   // expiry, ns since the dispatcher's base; noDeadline = none
+	cost float64 // the estimate, > 0
+	seq  uint64  // arrival order at the tick, the tie-break of edf
+}
+
+// fentry is one item of a flow band on its way through the ring.
 type fentry[T any] struct {
 	item T
 	due  int64   // expiry, ns since the dispatcher's base; noDeadline = none
-	seq  uint64  // arrival order at the tick, the tie-break of edf
 	cost float64 // the estimate, > 0
 	flow *flow[T]
 }
@@ -69,8 +78,8 @@ type flow[T any] struct {
 
 	// tick state
 	reg    bool            // in band.all
-	fifo   fifo[fentry[T]] // the queue, fcfs ordering
-	heap   []fentry[T]     // the queue, edf ordering: a min-heap on (due, seq)
+	fifo   fifo[qentry[T]] // the queue, fcfs ordering
+	heap   []qentry[T]     // the queue, edf ordering: a min-heap on (due, seq)
 	edf    bool
 	start  float64 // fair-share: virtual start tag of the head
 	finish float64 // fair-share: virtual finish tag of the last item released
@@ -110,14 +119,14 @@ func (f *flow[T]) len() int {
 }
 
 // head returns the flow's next item (it must not be empty).
-func (f *flow[T]) head() *fentry[T] {
+func (f *flow[T]) head() *qentry[T] {
 	if f.edf {
 		return &f.heap[0]
 	}
 	return f.fifo.front()
 }
 
-func (f *flow[T]) push(e fentry[T]) {
+func (f *flow[T]) push(e qentry[T]) {
 	if !f.edf {
 		f.fifo.push(e)
 		return
@@ -134,7 +143,7 @@ func (f *flow[T]) push(e fentry[T]) {
 	}
 }
 
-func (f *flow[T]) pop() fentry[T] {
+func (f *flow[T]) pop() qentry[T] {
 	if !f.edf {
 		e, _ := f.fifo.pop()
 		return e
@@ -143,17 +152,17 @@ func (f *flow[T]) pop() fentry[T] {
 	e := h[0]
 	n := len(h) - 1
 	h[0] = h[n]
-	h[n] = fentry[T]{}
+	h[n] = qentry[T]{}
 	f.heap = h[:n]
 	siftDown(f.heap, 0)
 	return e
 }
 
-func entryLess[T any](a, b *fentry[T]) bool {
+func entryLess[T any](a, b *qentry[T]) bool {
 	return a.due < b.due || a.due == b.due && a.seq < b.seq
 }
 
-func siftDown[T any](h []fentry[T], i int) {
+func siftDown[T any](h []qentry[T], i int) {
 	for {
 		l := 2*i + 1
 		if l >= len(h) {
@@ -311,13 +320,14 @@ type flows[T any] struct {
 	lastTick int64        // last idle sweep
 
 	// tick state
-	all   []*flow[T]
-	rr    fifo[*flow[T]]
-	vt    flowHeap[T]
-	ex    flowHeap[T]
-	vtime float64
-	seq   uint64
-	order uint64
+	scratch [64]fentry[T] // drain's buffer
+	all     []*flow[T]
+	rr      fifo[*flow[T]]
+	vt      flowHeap[T]
+	ex      flowHeap[T]
+	vtime   float64
+	seq     uint64
+	order   uint64
 }
 
 func newFlows[T any](bc BandConfig) *flows[T] {
@@ -469,42 +479,51 @@ func (d *Dispatcher[T]) Charge(bandIdx int, id string, delta float64) {
 // history (an idle flow's finish tag is at most the virtual time it left).
 func (d *Dispatcher[T]) drain(b *band[T], now int64) {
 	fs := b.flows
+	// Claim the ring in runs (one compare-and-swap per run rather than
+	// per item) through a scratch buffer owned, like the rest, by the tick.
 	for {
-		e, ok := fs.ring.TryPop()
-		if !ok {
+		n := fs.ring.TryPopN(fs.scratch[:])
+		if n == 0 {
 			return
 		}
-		f := e.flow
-		if !f.reg {
-			f.reg = true
-			fs.all = append(fs.all, f)
-			fs.known.Store(int64(len(fs.all)))
+		for k := range n {
+			fs.route(&fs.scratch[k], now)
+			fs.scratch[k] = fentry[T]{}
 		}
-		f.last = now
-		e.seq = fs.seq
-		fs.seq++
-		wasEmpty := f.len() == 0
-		f.push(e)
-		if wasEmpty {
-			switch fs.fair {
-			case fairRR:
-				if !f.inList {
-					f.inList = true
-					fs.rr.push(f)
-				}
-			case fairShare:
-				f.finish += f.takeCharge()
-				f.start = max(fs.vtime, f.finish)
-				f.order = fs.order
-				fs.order++
-				fs.vt.push(f)
+	}
+}
+
+// route puts e, just taken from the ring, into its flow's queue.
+func (fs *flows[T]) route(e *fentry[T], now int64) {
+	f := e.flow
+	if !f.reg {
+		f.reg = true
+		fs.all = append(fs.all, f)
+		fs.known.Store(int64(len(fs.all)))
+	}
+	f.last = now
+	wasEmpty := f.len() == 0
+	f.push(qentry[T]{item: e.item, due: e.due, cost: e.cost, seq: fs.seq})
+	fs.seq++
+	if wasEmpty {
+		switch fs.fair {
+		case fairRR:
+			if !f.inList {
+				f.inList = true
+				fs.rr.push(f)
 			}
-			if fs.timed {
-				fs.ex.push(f)
-			}
-		} else if fs.timed && f.edf {
-			fs.ex.fix(f)
+		case fairShare:
+			f.finish += f.takeCharge()
+			f.start = max(fs.vtime, f.finish)
+			f.order = fs.order
+			fs.order++
+			fs.vt.push(f)
 		}
+		if fs.timed {
+			fs.ex.push(f)
+		}
+	} else if fs.timed && f.edf {
+		fs.ex.fix(f)
 	}
 }
 
@@ -525,9 +544,9 @@ func (fs *flows[T]) took(f *flow[T], now int64) {
 }
 
 // end accounts for an item of a flow band that leaves the queue.
-func (b *band[T]) endFlow(e *fentry[T]) {
+func (b *band[T]) endFlow(f *flow[T]) {
 	b.queued.Add(-1)
-	e.flow.count.Add(-1)
+	f.count.Add(-1)
 }
 
 // expireFlows drops every item whose deadline has passed. The expiry heap
@@ -543,7 +562,7 @@ func (d *Dispatcher[T]) expireFlows(i int, b *band[T], now int64) {
 		}
 		e := f.pop()
 		fs.took(f, now)
-		b.endFlow(&e)
+		b.endFlow(f)
 		d.drop(i, b, e.item, ErrExpired)
 	}
 }
@@ -613,12 +632,12 @@ func (fs *flows[T]) turn(f *flow[T]) {
 
 // liveHead takes f's items until a live one, which it returns (ended in the
 // counts: the caller dispatches it); the dead and expired ones it drops.
-func (d *Dispatcher[T]) liveHead(i int, b *band[T], f *flow[T], now int64) (fentry[T], bool) {
+func (d *Dispatcher[T]) liveHead(i int, b *band[T], f *flow[T], now int64) (qentry[T], bool) {
 	fs := b.flows
 	for f.len() > 0 {
 		e := f.pop()
 		fs.took(f, now)
-		b.endFlow(&e)
+		b.endFlow(f)
 		switch {
 		case now >= e.due:
 			d.drop(i, b, e.item, ErrExpired)
@@ -628,7 +647,7 @@ func (d *Dispatcher[T]) liveHead(i int, b *band[T], f *flow[T], now int64) (fent
 			return e, true
 		}
 	}
-	return fentry[T]{}, false
+	return qentry[T]{}, false
 }
 
 // reapFlows removes the abandoned items of a flow band (after Abandon),
@@ -646,7 +665,7 @@ func (d *Dispatcher[T]) reapFlows(i int, b *band[T], now int64) {
 			kept := f.heap[:0]
 			for _, e := range f.heap {
 				if d.gone(e.item) {
-					b.endFlow(&e)
+					b.endFlow(f)
 					d.drop(i, b, e.item, ErrCancelled)
 					continue
 				}
@@ -661,7 +680,7 @@ func (d *Dispatcher[T]) reapFlows(i int, b *band[T], now int64) {
 			for ; n > 0; n-- {
 				e, _ := f.fifo.pop()
 				if d.gone(e.item) {
-					b.endFlow(&e)
+					b.endFlow(f)
 					d.drop(i, b, e.item, ErrCancelled)
 					continue
 				}
@@ -710,7 +729,7 @@ func (d *Dispatcher[T]) closeFlows(i int, b *band[T]) {
 	for _, f := range fs.all {
 		for f.len() > 0 {
 			e := f.pop()
-			b.endFlow(&e)
+			b.endFlow(f)
 			d.drop(i, b, e.item, ErrClosed)
 		}
 		f.vtIdx, f.exIdx, f.inList = -1, -1, false
@@ -729,7 +748,7 @@ func (d *Dispatcher[T]) closeFlows(i int, b *band[T]) {
 		if !ok {
 			return
 		}
-		b.endFlow(&e)
+		b.endFlow(e.flow)
 		d.drop(i, b, e.item, ErrClosed)
 	}
 }
