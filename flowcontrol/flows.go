@@ -710,7 +710,11 @@ func (fs *flows[T]) forget(now int64) {
 	fs.lastTick = now
 	for k := 0; k < len(fs.all); {
 		f := fs.all[k]
-		if f.len() != 0 || f.inList || now-f.last < fs.idle || !f.count.CompareAndSwap(0, deadFlow) {
+		// A flow still in the round-robin list (emptied by expiry or
+		// a sweep in a band that has not released since) may go too:
+		// a forgotten flow never gets items again, so when its turn
+		// comes it is found empty and leaves the list.
+		if f.len() != 0 || now-f.last < fs.idle || !f.count.CompareAndSwap(0, deadFlow) {
 			k++
 			continue
 		}

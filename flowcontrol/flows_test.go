@@ -174,7 +174,8 @@ func (m *sfqModel) release() (int, int, float64, bool) {
 
 // Fair-share: the release order is exactly start-time fair queuing (the
 // gods-heap model above), with flows arriving, emptying and coming back at
-// random; and over every window of releases in which every flow stayed
+// random; no backlogged flow waits longer than its last item's cost plus one
+// maximum-cost item of any other flow's service; and over every window of releases in which every flow stayed
 // backlogged, any two flows' cost-weighted service differs by at most two
 // maximum-cost items (SFQ's fairness bound for equal weights), so over a
 // long backlogged run each flow's share is within ±10 % of 1/k once the
@@ -199,6 +200,7 @@ func TestFairShareProperty(t *testing.T) {
 			flow int
 			cost float64
 			all  bool // every flow backlogged just before this release
+			more bool // the flow still backlogged just after
 		}
 		var rels []rel
 		lmax := 0.0
@@ -227,7 +229,22 @@ func TestFairShareProperty(t *testing.T) {
 					t.Fatalf("released item %d (flow %d), model says item %d (flow %d, ok %v)", e.item, flowOf[e.item], id, f, ok)
 				}
 				queued[f]--
-				rels = append(rels, rel{f, costOf[e.item], all})
+				rels = append(rels, rel{f, costOf[e.item], all, queued[f] > 0})
+			}
+		}
+		// No backlogged flow waits unboundedly: between two releases of
+		// a flow that stayed backlogged, every other flow receives at
+		// most the cost of the first release plus one maximum-cost item
+		// (its items with start tags between the two).
+		for i, x := range rels {
+			if !x.more {
+				continue
+			}
+			other := map[int]float64{}
+			for j := i + 1; j < len(rels) && rels[j].flow != x.flow; j++ {
+				if other[rels[j].flow] += rels[j].cost; other[rels[j].flow] > x.cost+lmax {
+					t.Fatalf("flow %d backlogged after release %d (cost %v) while flow %d received %v > %v", x.flow, i, x.cost, rels[j].flow, other[rels[j].flow], x.cost+lmax)
+				}
 			}
 		}
 		if k < 2 {
