@@ -124,19 +124,29 @@ type Pacing struct {
 	// even when no reading or completion comes, so a gated band is never
 	// starved. 0 means none.
 	Floor time.Duration
+	// Recheck re-reads the saturation after each release from an open
+	// band and stops the release as soon as the band's gate is no longer
+	// open. With a source that counts dispatches at once (in-flight
+	// credit), a backlog that built up while the band was gated cannot
+	// flood the pool the moment it reopens. It costs one Saturation and
+	// one Gate call per item released from a backlog.
+	Recheck bool
 }
 
 // enabled reports whether p replaces ticks with events.
 func (p Pacing) enabled() bool { return p.Readings || p.Completions || p.Floor > 0 }
 
-// ReadingSource is a SaturationSource that counts its readings: Readings
+// Recheck does not change what an opportunity is: enabled ignores it.
+
+// ReadingSource is a SaturationSource that counts its readings: ReadingSeq
 // returns a number that grows by one with each new reading (a scrape result
-// that changed what Saturation reports, or could have). With
+// that changed what Saturation reports, or could have), as
+// saturation.Poller's does. With
 // Pacing.Readings, the dispatcher counts each new reading as a dispatch
 // opportunity.
 type ReadingSource interface {
 	SaturationSource
-	Readings() uint64
+	ReadingSeq() uint64
 }
 
 // Limits on configuration.
@@ -228,19 +238,17 @@ func checkName(name string) error {
 	return nil
 }
 
-// checkFairness validates and defaults the fairness fields of band i.
+// checkFairness validates the fairness fields of band i. The defaults ("" is
+// fcfs, FlowIdle 0 is DefaultFlowIdle) are resolved where they are used, not
+// written back: BandConfigs returns these fields as given.
 func checkFairness(i int, b *BandConfig) error {
 	switch b.Fairness {
-	case "":
-		b.Fairness = FairnessFCFS
-	case FairnessFCFS, FairnessRoundRobin, FairnessShare:
+	case "", FairnessFCFS, FairnessRoundRobin, FairnessShare:
 	default:
 		return fmt.Errorf("%w: Bands[%d].Fairness %q: want %q, %q or %q", ErrInvalidConfig, i, b.Fairness, FairnessFCFS, FairnessRoundRobin, FairnessShare)
 	}
 	switch b.Ordering {
-	case "":
-		b.Ordering = OrderingFCFS
-	case OrderingFCFS, OrderingEDF:
+	case "", OrderingFCFS, OrderingEDF:
 	default:
 		return fmt.Errorf("%w: Bands[%d].Ordering %q: want %q or %q", ErrInvalidConfig, i, b.Ordering, OrderingFCFS, OrderingEDF)
 	}
@@ -250,18 +258,19 @@ func checkFairness(i int, b *BandConfig) error {
 	if b.FlowIdle < 0 {
 		return fmt.Errorf("%w: Bands[%d].FlowIdle must be ≥ 0 (0 = default %v), got %v", ErrInvalidConfig, i, DefaultFlowIdle, b.FlowIdle)
 	}
-	if b.FlowIdle == 0 {
-		b.FlowIdle = DefaultFlowIdle
-	}
 	// An fcfs band is one ring and nothing else (today's path, at today's
 	// cost): it has no per-flow state to bound or order.
-	if b.Fairness == FairnessFCFS {
+	if !b.flowed() {
 		if b.FlowCapacity != 0 {
 			return fmt.Errorf("%w: Bands[%d].FlowCapacity needs Fairness %q or %q, not %q", ErrInvalidConfig, i, FairnessRoundRobin, FairnessShare, FairnessFCFS)
 		}
-		if b.Ordering != OrderingFCFS {
+		if b.Ordering == OrderingEDF {
 			return fmt.Errorf("%w: Bands[%d].Ordering %q needs Fairness %q or %q, not %q", ErrInvalidConfig, i, b.Ordering, FairnessRoundRobin, FairnessShare, FairnessFCFS)
 		}
 	}
 	return nil
 }
+
+// flowed reports whether the band keys its items by flow (a Fairness other
+// than fcfs).
+func (b *BandConfig) flowed() bool { return b.Fairness != "" && b.Fairness != FairnessFCFS }

@@ -29,10 +29,17 @@ type ControllerConfig struct {
 	// configured clock, before that Wait returns. It runs on the
 	// dispatcher's goroutine (or, for a cancellation, the waiter's), so it
 	// must be quick and must not block; it must not call Step, Poll or
-	// Close. Waits refused before the queue are not reported here: they are
-	// counted in Stats (BandStats.Rejected, BandStats.Refused,
-	// Stats.UnknownBand). flowmetrics.Collector.OnOutcome fits here.
+	// Close. Waits refused before the queue (ErrShed included) are not
+	// reported here: they are counted in Stats (BandStats.Rejected,
+	// BandStats.Refused, Stats.UnknownBand). flowmetrics.Collector.OnOutcome fits here.
 	OnOutcome func(band int, outcome error, waited time.Duration)
+	// Admitter, if set, is asked by Wait whether a request may enter its
+	// band's queue, after the band, context and running checks and before
+	// the queue (not once the controller is closed: Wait then returns
+	// ErrClosed without asking). A refusal returns ErrShed and counts in
+	// Stats as BandStats.Refused.Shed; it is not reported to OnOutcome.
+	// Nil means every request is admitted. NewProbabilistic is llm-d's.
+	Admitter Admitter
 	// Stepped says the host drives the controller's ticks itself with Step
 	// (simulators, tests) instead of Run. Without it, Wait on a controller
 	// whose Run is not going returns ErrNotRunning at once rather than
@@ -106,11 +113,13 @@ type Controller struct {
 	onOutcome func(band int, outcome error, waited time.Duration)
 	now       func() time.Time
 	stepped   bool
+	admitter  Admitter
 	pool      sync.Pool
 
 	// refusals only the Controller sees, per band
 	refusedCancelled []atomic.Uint64
 	refusedIdle      []atomic.Uint64
+	refusedShed      []atomic.Uint64
 }
 
 // noop is the done returned with an error: there is nothing to release.
@@ -119,7 +128,7 @@ func noop() {}
 // NewController validates cfg and returns a controller. Errors wrap
 // ErrInvalidConfig and name the field.
 func NewController(cfg ControllerConfig) (*Controller, error) {
-	c := &Controller{hook: cfg.InFlight, onOutcome: cfg.OnOutcome, stepped: cfg.Stepped}
+	c := &Controller{hook: cfg.InFlight, onOutcome: cfg.OnOutcome, stepped: cfg.Stepped, admitter: cfg.Admitter}
 	c.pool.New = func() any { return &ticket{ch: make(chan struct{}, 1), c: c} }
 	d, err := newDispatcher(DispatcherConfig[*ticket]{
 		Config:   cfg.Config,
@@ -133,6 +142,7 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	c.now = d.now
 	c.refusedCancelled = make([]atomic.Uint64, d.Bands())
 	c.refusedIdle = make([]atomic.Uint64, d.Bands())
+	c.refusedShed = make([]atomic.Uint64, d.Bands())
 	return c, nil
 }
 
@@ -189,6 +199,7 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 //	ErrQueueFull    the band already holds Capacity waiters
 //	ErrClosed       the controller is closed (or closed while waiting)
 //	ErrNotRunning   no Run is going and the controller is not Stepped
+//	ErrShed         ControllerConfig.Admitter refused the request
 //	ErrUnknownBand  band outside [0, Bands)
 //
 // Exactly one of these is returned per call. The first three may come after
@@ -202,17 +213,8 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 // even if the band is gated, without spending the band's burst. Stats counts
 // it as cancelled, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
-	if uint(band) >= uint(c.d.Bands()) {
-		c.d.unknown.Add(1)
-		return noop, ErrUnknownBand
-	}
-	if err := ctx.Err(); err != nil {
-		c.refusedCancelled[band].Add(1)
-		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)
-	}
-	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
-		c.refusedIdle[band].Add(1)
-		return noop, ErrNotRunning
+	if err := c.door(ctx, band); err != nil {
+		return noop, err
 	}
 	if c.d.direct(band) {
 		// Open band, nothing ahead, Run ticking: released at once,
@@ -285,6 +287,28 @@ func (c *Controller) await(ctx context.Context, band int, t *ticket, start time.
 	}
 }
 
+// door is the part of Wait and WaitRequest before the queue: the refusals
+// (unknown band, context already done, not running, shed), each counted.
+func (c *Controller) door(ctx context.Context, band int) error {
+	if uint(band) >= uint(c.d.Bands()) {
+		c.d.unknown.Add(1)
+		return ErrUnknownBand
+	}
+	if err := ctx.Err(); err != nil {
+		c.refusedCancelled[band].Add(1)
+		return fmt.Errorf("%w: %w", ErrCancelled, err)
+	}
+	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
+		c.refusedIdle[band].Add(1)
+		return ErrNotRunning
+	}
+	if c.admitter != nil && !c.d.closed.Load() && !c.admitter.Admit(band, len(c.refusedShed)) {
+		c.refusedShed[band].Add(1)
+		return ErrShed
+	}
+	return nil
+}
+
 // InFlight returns the number of released Waits whose done has not been
 // called yet.
 func (c *Controller) InFlight() int64 { return c.inflight.Load() }
@@ -327,12 +351,14 @@ func (c *Controller) Poll() { c.d.Poll() }
 func (c *Controller) Close() { c.d.Close() }
 
 // Stats returns the dispatcher's snapshot with the controller's own
-// refusals (Refusals.Cancelled, Refusals.NotRunning) filled in; see Stats.
+// refusals (Refusals.Cancelled, Refusals.NotRunning, Refusals.Shed) filled
+// in; see Stats.
 func (c *Controller) Stats() Stats {
 	st := c.d.Stats()
 	for i := range st.Bands {
 		st.Bands[i].Refused.Cancelled = c.refusedCancelled[i].Load()
 		st.Bands[i].Refused.NotRunning = c.refusedIdle[i].Load()
+		st.Bands[i].Refused.Shed = c.refusedShed[i].Load()
 	}
 	return st
 }

@@ -3,23 +3,28 @@ package flowcontrol
 import "time"
 
 // Defaults applied by NewDispatcher and NewController to zero-valued fields.
-// Tick and Burst were chosen by the Tick × Burst × in-flight-credit sweep of
-// the cluster simulator (go run ./examples/sim -sweep; table and reasoning in
-// the README's Simulator section): a release of Burst sheddable requests at
-// once is a spike the pool's 50 ms-stale metrics cannot see, so the smallest
-// bursts protect critical traffic best, and a 1 ms tick keeps the latency a
-// tick adds negligible. Keep every default here, in one place.
+// Keep every default here, in one place.
+//
+// Why these: open bands release everything on arrival (no budget), so the
+// defaults only shape gated bands. The README's pacing sweep ("Dispatch
+// discipline: the pacing sweep") compared tick, completion, reading and
+// floor pacing, with and without Recheck and in-flight credit, at every
+// published point over five seeds: the candidates that protect critical
+// traffic most (completion-clocked) starve sheddable traffic and lose
+// throughput where completions are rare or the pool is near its knee, so
+// the zero Pacing (ticks) stays the default, and Burst 1 — one release per
+// opening — is the burst that improved every overloaded point on both
+// calibrations without moving an under-capacity point or throughput. A
+// host that wants more protection and accepts that cost sets Pacing (see
+// the table).
 const (
 	// DefaultTick is the period of the dispatcher's clock in Run: gates
 	// are re-evaluated, saturation is read and expiries are applied once
 	// per tick.
 	DefaultTick = time.Millisecond
-	// DefaultBurst is how many items an open band may release per tick
-	// (at DefaultTick, Burst thousand items per second per band). The
-	// simulator's Tick × Burst sweep chose the smallest bursts (README,
-	// Simulator section). A host whose per-band arrival rate exceeds
-	// Burst/Tick must raise Burst.
-	DefaultBurst = 2
+	// DefaultBurst is how many items a gated band (duty cycle Every > 1)
+	// may release per dispatch opportunity. Open bands have no budget.
+	DefaultBurst = 1
 	// DefaultStaticThreshold is the threshold of the static policy when
 	// none is given (PolicyByName): 1.0, "effectively no flow control".
 	DefaultStaticThreshold = 1.0

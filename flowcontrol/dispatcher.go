@@ -194,7 +194,7 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 	d.paced = cfg.Pacing.enabled()
 	if rs, ok := cfg.Source.(ReadingSource); ok && cfg.Pacing.Readings {
 		d.readings = rs
-		d.lastReading = rs.Readings()
+		d.lastReading = rs.ReadingSeq()
 	}
 	if cfg.Pacing.Floor > 0 {
 		d.floorTicks = int64((cfg.Pacing.Floor + d.tick - 1) / d.tick)
@@ -206,7 +206,7 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 		if b.maxWait > 0 {
 			d.timed = true
 		}
-		if bc.Fairness != FairnessFCFS {
+		if bc.flowed() {
 			b.flows = newFlows[T](bc)
 			d.flowed = true
 			d.timed = d.timed || b.flows.timed
@@ -328,6 +328,11 @@ func (d *Dispatcher[T]) run(advance bool) {
 			// blocked, above MaxEvery is MaxEvery (since saturates
 			// there, so a larger Every would never open).
 			g.Every = min(max(g.Every, 0), MaxEvery)
+			if b.gate == 1 && g.Every != 1 {
+				// Gated now: what was left of the open band's
+				// unlimited release is not carried over.
+				b.budget = 0
+			}
 			b.gate = g.Every
 			b.every.Store(int64(g.Every))
 			b.ceiling.Store(floatBits(g.Ceiling))
@@ -397,7 +402,7 @@ func (d *Dispatcher[T]) opportunities(advance bool) int64 {
 	}
 	var ops int64
 	if d.readings != nil {
-		seq := d.readings.Readings()
+		seq := d.readings.ReadingSeq()
 		ops += int64(seq - d.lastReading)
 		d.lastReading = seq
 	}
@@ -455,8 +460,26 @@ func (d *Dispatcher[T]) credit(k int64) {
 	for i := range d.bands {
 		b := &d.bands[i]
 		b.since = int(min(int64(b.since)+ops, MaxEvery))
+		if b.gate != 1 {
+			// After a tick on which it released nothing, a gated
+			// band holds a fresh Burst if its duty cycle is open
+			// and nothing otherwise (never a leftover): decide as
+			// the last of the k ticks would have.
+			b.budget = 0
+			if b.gate > 1 && b.since >= b.gate {
+				b.budget = d.burst
+			}
+		}
 	}
 }
+
+// Skip counts k ticks without running them, for hosts that drive Step on
+// virtual time and skip the ticks on which nothing can change: tick counts,
+// duty cycles and Pacing's floor advance exactly as k Steps would have
+// advanced them, provided that on those ticks no band could release,
+// expire or reap anything (every band empty or blocked, the saturation and
+// so the gates unchanged). Run does the same when it wakes from idle.
+func (d *Dispatcher[T]) Skip(k int64) { d.credit(k) }
 
 // empty reports whether no band holds anything, nor owes a sweep.
 func (d *Dispatcher[T]) empty() bool {
@@ -581,6 +604,23 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		// Count before Dispatch wakes the owner (see drop).
 		bump(&b.dispatched)
 		d.dispatch(i, e.item)
+		d.recheck(i, b)
+	}
+}
+
+// recheck, with Pacing.Recheck, re-reads the gate of an open band after a
+// release: an open band drains its backlog only while it stays open, so a
+// source that counts dispatches at once (the in-flight credit) closes it
+// before the backlog floods the pool between two scrapes.
+func (d *Dispatcher[T]) recheck(i int, b *band[T]) {
+	if b.gate == 1 && d.pacing.Recheck && b.budget > 0 {
+		g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
+		g.Every = min(max(g.Every, 0), MaxEvery)
+		if g.Every != 1 {
+			b.gate, b.budget = g.Every, 0
+			b.every.Store(int64(g.Every))
+			b.ceiling.Store(floatBits(g.Ceiling))
+		}
 	}
 }
 

@@ -29,6 +29,9 @@ var (
 	// and the controller was not configured as Stepped: without a tick
 	// nothing would ever release the request.
 	ErrNotRunning = errors.New("flowcontrol: not running (start Run, or set ControllerConfig.Stepped and call Step)")
+	// ErrShed is returned by Controller.Wait when the controller's Admitter
+	// refused the request before the queue (ControllerConfig.Admitter).
+	ErrShed = errors.New("flowcontrol: shed")
 	// ErrRunning is returned by Run when another Run is already going.
 	ErrRunning = errors.New("flowcontrol: already running")
 )

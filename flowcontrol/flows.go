@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"sync"
@@ -334,7 +335,7 @@ func newFlows[T any](bc BandConfig) *flows[T] {
 	fs := &flows[T]{
 		edf:     bc.Ordering == OrderingEDF,
 		flowCap: int64(bc.FlowCapacity),
-		idle:    int64(bc.FlowIdle),
+		idle:    int64(cmp.Or(bc.FlowIdle, DefaultFlowIdle)),
 		ring:    queue.NewRing[fentry[T]](bc.Capacity),
 	}
 	switch bc.Fairness {
@@ -610,6 +611,7 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 				fs.turn(f)
 			}
 			d.dispatch(i, e.item)
+			d.recheck(i, b)
 		} else if fs.fair == fairRR {
 			fs.turn(f)
 		}

@@ -20,8 +20,8 @@ type idleSat struct {
 	seq   atomic.Uint64
 }
 
-func (s *idleSat) set(v float64)    { s.bits.Store(math.Float64bits(v)); s.seq.Add(1) }
-func (s *idleSat) Readings() uint64 { return s.seq.Load() }
+func (s *idleSat) set(v float64)      { s.bits.Store(math.Float64bits(v)); s.seq.Add(1) }
+func (s *idleSat) ReadingSeq() uint64 { return s.seq.Load() }
 func (s *idleSat) Saturation() float64 {
 	s.reads.Add(1)
 	return math.Float64frombits(s.bits.Load())

@@ -15,7 +15,7 @@ type seqSat struct {
 }
 
 func (s *seqSat) Saturation() float64 { return s.v }
-func (s *seqSat) Readings() uint64    { return s.seq.Load() }
+func (s *seqSat) ReadingSeq() uint64  { return s.seq.Load() }
 
 // pacedDispatcher: two bands at saturation 0.75 (sheddable Every 3),
 // Burst 1, the given pacing, 10 sheddable items queued and one tick run.

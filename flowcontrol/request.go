@@ -2,7 +2,6 @@ package flowcontrol
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -37,7 +36,8 @@ type Request struct {
 
 // WaitRequest is Wait for a request of a flow, with a cost estimate and a
 // deadline (r nil is Wait). On an fcfs band the flow, cost and deadline are
-// ignored. Besides Wait's errors it returns ErrFlowFull (which wraps
+// ignored. It passes the same door as Wait (the Admitter included).
+// Besides Wait's errors it returns ErrFlowFull (which wraps
 // ErrQueueFull) when r.Flow already holds the band's FlowCapacity. On a
 // band with fairness it always queues (no direct release: the band's turns
 // and virtual times are the dispatcher's to keep), which Run then serves at
@@ -47,13 +47,8 @@ func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (don
 	if r == nil || uint(band) >= uint(c.d.Bands()) || c.d.bands[band].flows == nil {
 		return c.Wait(ctx, band)
 	}
-	if err := ctx.Err(); err != nil {
-		c.refusedCancelled[band].Add(1)
-		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)
-	}
-	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
-		c.refusedIdle[band].Add(1)
-		return noop, ErrNotRunning
+	if err := c.door(ctx, band); err != nil {
+		return noop, err
 	}
 	t := c.pool.Get().(*ticket)
 	t.state.Store(stateWaiting)

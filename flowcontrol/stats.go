@@ -52,6 +52,7 @@ type Refusals struct {
 	Closed     uint64 // ErrClosed: the dispatcher was already closed
 	Cancelled  uint64 // ErrCancelled: Controller.Wait's context had already ended
 	NotRunning uint64 // ErrNotRunning: Controller.Wait with no Run going
+	Shed       uint64 // ErrShed: Controller.Wait refused by ControllerConfig.Admitter
 }
 
 // Dropped returns the items dropped for any reason.

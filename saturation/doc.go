@@ -55,13 +55,23 @@
 // usable. Scorer.IgnoreStale leaves such pods out of the mean instead. A
 // pool with no pods, or none counted, is 1.
 //
-// In-flight credit (Scorer.InFlightCredit, fed by PollerConfig.InFlight)
-// closes the gap between a dispatch and the next scrape: requests this host
-// has sent to a pod beyond what the pod's metrics show (waiting + running)
-// count as waiting, so a burst released between two scrapes raises the
-// pod's score at the next rescore (every Interval, or the host's own
-// Rescore call) instead of when the pod's metrics finally show it, by which
-// time the dispatcher may have released several more bursts.
+// In-flight credit (Scorer.InFlightCredit) closes the gap between a dispatch
+// and the next scrape: requests this host has sent to a pod beyond what the
+// pod's metrics show (waiting + running) count as waiting. The host tells the
+// poller with Poller.Dispatched when it sends a request to a pod and
+// Poller.Finished when the request ends; each is one compare-and-swap and at
+// most one atomic add (no lock, no rescoring), and the very next Saturation
+// read includes the request, so a burst released between two scrapes raises
+// the pool's value as it is released instead of when the pods' metrics finally
+// show it. Saturation stays O(1) in the number of pods: the credit of a pod is
+// a hinge in its count (0 up to a threshold fixed by its last reading, then
+// 1/QueueDepthThreshold per request), and the pool keeps the sum of the hinges
+// in one atomic integer (Poller.Saturation states the precision). The older
+// PollerConfig.InFlight hook, read only at scrape results and rescores, is
+// deprecated. Requests other gateway replicas have in flight (the shared view
+// of package redisshare) go in PollerConfig.PeerInFlight, read at results and
+// rescores: they shift each pod's threshold, so the own part stays O(1). Poller.ReadingSeq counts the scrape results applied, so a
+// dispatcher can tell when a new reading arrived.
 //
 // Run scrapes every endpoint on its own schedule, every Interval, with the
 // endpoints' phases spread over the first interval; each scrape runs under

@@ -128,3 +128,41 @@ func ExamplePoller() {
 	// 1
 	// 0.75
 }
+
+// The host tells the poller when it sends a request to a pod and when the
+// request ends; the saturation moves at once, between scrapes, with atomics
+// only.
+func ExamplePoller_Dispatched() {
+	pod := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "vllm:num_requests_waiting 1\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.2\n")
+	}))
+	defer pod.Close()
+	ep := pod.URL + "/metrics"
+	p, err := saturation.NewPoller(saturation.PollerConfig{
+		Endpoints: []string{ep},
+		Scorer:    saturation.Scorer{InFlightCredit: true},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+	if err := p.Poll(context.Background()); err != nil {
+		panic(err)
+	}
+	fmt.Printf("reading %d: %.2f\n", p.ReadingSeq(), p.Saturation()) // max(1/5, 0.2/0.8)
+
+	// Five requests sent since that scrape: the pod shows 3 (waiting +
+	// running), so 2 more count as waiting: (1 + 2) / 5.
+	for range 5 {
+		p.Dispatched(ep)
+	}
+	fmt.Printf("reading %d: %.2f\n", p.ReadingSeq(), p.Saturation())
+	for range 5 {
+		p.Finished(ep) // in a proxy: when the response is done
+	}
+	fmt.Printf("reading %d: %.2f\n", p.ReadingSeq(), p.Saturation())
+	// Output:
+	// reading 1: 0.25
+	// reading 1: 0.60
+	// reading 1: 0.25
+}

@@ -104,7 +104,6 @@ func FuzzNewPoller(f *testing.F) {
 		}
 		valid := durValid(time.Duration(interval), time.Millisecond, time.Hour) &&
 			durValid(time.Duration(timeout), time.Millisecond, stale) && maxBody >= 0 && scorerValid(sc) &&
-			!(sc.InFlightCredit && cfg.InFlight == nil) &&
 			(cfg.Metrics.Waiting == nil && cfg.Metrics.KVUsage == nil ||
 				len(cfg.Metrics.Waiting) > 0 && len(cfg.Metrics.KVUsage) > 0)
 		for _, ep := range cfg.Endpoints {
@@ -147,6 +146,23 @@ func FuzzNewPoller(f *testing.F) {
 		}
 		if !failed && pollErr != nil {
 			t.Fatalf("Poll = %v with no failed pod", pollErr)
+		}
+		// The live credit agrees with Scorer.Pool over the readings with
+		// the same counts, within its documented bound.
+		if cfg.InFlight == nil {
+			counts := map[string]int64{}
+			for _, ep := range p.Endpoints() {
+				for range 3 {
+					if !p.Dispatched(ep) {
+						t.Fatalf("Dispatched(%s) refused", ep)
+					}
+				}
+				counts[ep] = 3
+			}
+			if !sc.InFlightCredit {
+				counts = nil
+			}
+			requireExact(t, p, counts, "3 in flight per pod")
 		}
 	})
 }

@@ -101,8 +101,26 @@ type PollerConfig struct {
 	// Scorer credits when Scorer.InFlightCredit is set. It is called
 	// under the poller's lock, for one pod when its scrape result
 	// arrives and for every pod at each rescore: keep it fast and do not
-	// call the poller from it.
+	// call the poller from it. While it is set, Dispatched and Finished
+	// do nothing.
+	//
+	// Deprecated: leave it nil and call Poller.Dispatched and
+	// Poller.Finished: their credit moves the saturation at once, with
+	// atomics only, where this hook's moves only at the next result or
+	// Rescore (a lock and O(pods) per call). Other replicas' requests go
+	// in PeerInFlight.
 	InFlight func(endpoint string) int64
+	// PeerInFlight, when set, returns the number of requests other gateway
+	// replicas have in flight to an endpoint (for example
+	// redisshare.Endpoint.Others): with Scorer.InFlightCredit, the pod's
+	// credit is then max(0, own + peers − (waiting + running)), own being
+	// this poller's Dispatched minus Finished. It is read under the
+	// poller's lock, for one pod when its scrape result arrives and for
+	// every pod at each rescore (every Interval under Run), so the peers'
+	// part moves at that pace while the own part moves at once; keep it
+	// fast and do not call the poller from it. A negative value counts as
+	// 0. It cannot be combined with InFlight.
+	PeerInFlight func(endpoint string) int64
 	// FailFast scores a pod 1 as soon as one scrape fails. By default a
 	// failed scrape keeps the pod's last good reading until it is older
 	// than Scorer.Staleness, so one lost scrape does not jolt the pool.
@@ -129,10 +147,16 @@ const (
 type PodReading struct {
 	Endpoint string
 	// Reading is the last good reading (OK false if none, or after a
-	// failure with FailFast or a bad value), with InFlight as of the
-	// pod's last rescore.
+	// failure with FailFast or a bad value), with InFlight the pod's
+	// live count at the snapshot (Dispatched minus Finished) plus the
+	// peers' count (PeerInFlight) as of the pod's last rescore, or with the
+	// deprecated PollerConfig.InFlight hook its value at the pod's last
+	// rescore.
 	Reading
-	// Score is the pod's saturation at its last rescore.
+	// Score is the pod's saturation at its last rescore, without the live
+	// in-flight credit of this poller's own requests (which
+	// Poller.Saturation adds on read); the part of the peers' requests
+	// (PeerInFlight) beyond what the metrics show is in it.
 	Score float64
 	// Usable reports whether the pod counted on its merits at its last
 	// rescore (false: scored 1, or left out with Scorer.IgnoreStale).
@@ -157,18 +181,22 @@ type pod struct {
 	PodReading
 	bad       bool      // the last scrape parsed an unusable value
 	lastStart time.Time // start of the newest scrape applied
+	cr        *credit   // live in-flight count and credit threshold
+	peers     int64     // PeerInFlight at the pod's last scoring
 	stop      context.CancelFunc
 }
 
 // Poller scrapes the Prometheus metrics pages of a pool of model servers and
 // reports the pool's saturation (see Scorer for the formula and the rules).
 //
-// Saturation is one atomic load of the pool value, which is updated as each
-// scrape result arrives (the pod's score is replaced in a running sum) and
-// recomputed from every reading at each rescore: no I/O, no lock, no
-// allocation. Before the first result it is 1 (fail safe), and it returns to
-// 1 when Run returns (or Close stops a Start), because nothing keeps the
-// readings fresh any more.
+// Saturation reads the pool value in O(1): the pool's sum as of the last
+// scrape result (the pod's score is replaced in a running sum) or rescore
+// (recomputed from every reading), plus the live in-flight credit of the
+// requests the host reported with Dispatched and Finished, kept in one
+// atomic counter: no I/O, no lock, no allocation. Before the first result it
+// is 1 (fail safe), and it returns to 1 when Run returns (or Close stops a
+// Start), because nothing keeps the readings fresh any more. ReadingSeq
+// counts the results applied.
 //
 // Drive it with Run (or Start/Close): each endpoint is scraped every
 // Interval on its own schedule, each scrape under its own Timeout, at most
@@ -180,15 +208,14 @@ type Poller struct {
 	scorer  Scorer
 	ownHTTP bool
 
-	sat atomic.Float64
-	sem chan struct{} // one token per scrape in flight
+	live liveCredit    // the pool value: snapshot, live excess, reading count
+	sem  chan struct{} // one token per scrape in flight
 
 	round sync.Mutex // serialises Poll calls
 
-	mu      sync.Mutex // guards everything below it up to life
-	pods    map[string]*pod
-	order   []*pod
-	scratch []Reading
+	mu    sync.Mutex // guards everything below it up to life
+	pods  map[string]*pod
+	order []*pod
 	// The pool mean is kept as a running sum over the counted pods,
 	// with infinite scores counted apart so that one +Inf neither
 	// poisons the sum with Inf − Inf nor is lost.
@@ -232,8 +259,8 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
 	}
-	if cfg.Scorer.InFlightCredit && cfg.InFlight == nil {
-		return nil, fmt.Errorf("%w: PollerConfig.InFlight must be set when Scorer.InFlightCredit is", ErrInvalidConfig)
+	if cfg.PeerInFlight != nil && cfg.InFlight != nil {
+		return nil, fmt.Errorf("%w: PollerConfig.PeerInFlight cannot be combined with the deprecated PollerConfig.InFlight (which counts every request itself)", ErrInvalidConfig)
 	}
 	names := cfg.Metrics
 	if len(names.Waiting) == 0 && len(names.Running) == 0 && len(names.KVUsage) == 0 {
@@ -270,7 +297,8 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		p.cfg.Client = &http.Client{Transport: tr}
 		p.ownHTTP = true
 	}
-	p.sat.Store(1)
+	p.live.scale = 1 / (creditUnit * cfg.Scorer.withDefaults().QueueDepthThreshold)
+	p.live.snap.Store(stoppedSnap)
 	if err := p.SetEndpoints(cfg.Endpoints); err != nil {
 		return nil, err
 	}
@@ -279,9 +307,18 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 }
 
 // Saturation returns the pool saturation as of the last scrape result or
-// rescore; 1 before the first and after Run returns. One atomic load: no
-// I/O, lock or allocation.
-func (p *Poller) Saturation() float64 { return p.sat.Load() }
+// rescore, with the live in-flight credit of every request Dispatched and not
+// yet Finished (when Scorer.InFlightCredit is set and PollerConfig.InFlight
+// is not); 1 before the first result and after Run returns. Two atomic loads
+// and a few flops: no I/O, lock or allocation, whatever the number of pods.
+//
+// At rest (no Dispatched, Finished or result half applied) it equals
+// Scorer.Pool over the readings with each pod's in-flight count, to within
+// 2^−17/QueueDepthThreshold plus float rounding: each pod's credit
+// threshold is held to 1/65536 of a request (see Dispatched). While results
+// and dispatches are being applied, a read may see one of them half applied:
+// a pod's new reading without its new credit term, or the reverse.
+func (p *Poller) Saturation() float64 { return p.live.saturation() }
 
 // SetEndpoints replaces the set of endpoints. Pods kept keep their readings
 // (and, while Run runs, their schedules); new pods have none yet and score as
@@ -298,8 +335,13 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var old map[string]*credit
+	if m := p.live.byEndpoint.Load(); m != nil {
+		old = *m
+	}
 	pods := make(map[string]*pod, len(endpoints))
 	order := make([]*pod, 0, len(endpoints))
+	credits := make(map[string]*credit, len(endpoints))
 	for _, ep := range endpoints {
 		if _, dup := pods[ep]; dup {
 			continue
@@ -307,12 +349,30 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 		pd := p.pods[ep]
 		if pd == nil {
 			pd = &pod{PodReading: PodReading{Endpoint: ep, Score: 1, Reason: ReasonNotScraped}}
+			// A pod removed and added back resumes its in-flight count.
+			if pd.cr = old[ep]; pd.cr == nil {
+				pd.cr = &credit{}
+				pd.cr.word.Store(creditTMask)
+			}
+			pd.cr.removed.Store(false)
 			if p.run != nil {
 				p.startWorkerLocked(pd, 0)
 			}
 		}
 		pods[ep] = pd
 		order = append(order, pd)
+		credits[ep] = pd.cr
+	}
+	for ep, c := range old {
+		if pods[ep] == nil {
+			// Out of the score; kept while requests to it are in
+			// flight so that their Finished calls still land.
+			p.live.setThreshold(c, creditTMask)
+			c.removed.Store(true)
+			if c.count() > 0 {
+				credits[ep] = c
+			}
+		}
 	}
 	for ep, pd := range p.pods {
 		if pods[ep] == nil && pd.stop != nil {
@@ -321,6 +381,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 		}
 	}
 	p.pods, p.order = pods, order
+	p.live.byEndpoint.Store(&credits)
 	p.rescoreLocked()
 	return nil
 }
@@ -343,14 +404,21 @@ func (p *Poller) Readings() []PodReading {
 	out := make([]PodReading, len(p.order))
 	for i, pd := range p.order {
 		out[i] = pd.PodReading
+		if p.cfg.InFlight == nil {
+			out[i].InFlight = pd.cr.count() + pd.peers
+		}
 	}
 	return out
 }
 
 // Rescore recomputes the saturation from the readings held, with the current
-// clock and in-flight counts, without scraping: readings age, and in-flight
-// credit moves between scrapes. Run rescores every Interval and every Poll
-// ends with one; the result equals Scorer.Pool over the readings.
+// clock, without scraping: readings age (a pod whose reading passes
+// Scorer.Staleness scores 1 from here). Run rescores every Interval and
+// every Poll ends with one; the result equals Scorer.Pool over the readings
+// with their in-flight counts. It takes the poller's lock and costs O(pods):
+// it is not needed for the in-flight credit of Dispatched and Finished,
+// which moves the saturation at once; only the deprecated PollerConfig.InFlight
+// hook is read here (and at each scrape result) and nowhere else.
 func (p *Poller) Rescore() {
 	p.mu.Lock()
 	p.rescoreLocked()
@@ -359,28 +427,42 @@ func (p *Poller) Rescore() {
 
 func (p *Poller) rescoreLocked() {
 	now := p.cfg.Now()
-	p.scratch = p.scratch[:0]
-	for _, pd := range p.order {
-		p.scorePodLocked(pd, now)
-		p.scratch = append(p.scratch, pd.Reading)
-	}
 	// Recomputing the sum from scratch also clears the rounding drift the
 	// running sum gathers between rescores.
-	p.sum, p.n, p.inf = 0, 0, 0
 	for _, pd := range p.order {
-		p.countLocked(pd, 1)
+		p.scorePodLocked(pd, now)
 	}
-	p.sat.Store(p.scorer.Pool(p.scratch, now))
+	p.resumLocked()
+	p.publishLocked()
 }
 
-// scorePodLocked refreshes one pod's in-flight count, score, usability and
-// reason (not the pool).
+// scorePodLocked refreshes one pod's score without live credit, its credit
+// threshold, usability and reason (not the pool). With the deprecated hook,
+// the hook's count is read now and scored the old way, into Score. The
+// peers' count (PeerInFlight) is read now too: it shifts the threshold down
+// by as many requests, and what exceeds the threshold goes into Score.
 func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
+	pd.InFlight, pd.peers = 0, 0
 	if p.cfg.InFlight != nil {
 		pd.InFlight = p.cfg.InFlight(pd.Endpoint)
 	}
+	if p.cfg.PeerInFlight != nil {
+		pd.peers = max(0, p.cfg.PeerInFlight(pd.Endpoint))
+	}
 	pd.Score = p.scorer.Pod(pd.Reading, now)
 	pd.Usable = p.scorer.Usable(pd.Reading, now)
+	t := uint64(creditTMask) // no credit
+	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
+		// credit = max(0, own + peers − T) = max(0, own − (T − peers)),
+		// and when peers ≥ T it is own + (peers − T) for every own ≥ 0.
+		th := p.scorer.creditThreshold(pd.Reading) - float64(pd.peers)
+		if th < 0 {
+			pd.Score += -th / p.scorer.withDefaults().QueueDepthThreshold
+			th = 0
+		}
+		t = quantizeThreshold(th)
+	}
+	p.live.setThreshold(pd.cr, t)
 	switch {
 	case pd.Usable:
 		pd.Reason = ""
@@ -409,16 +491,23 @@ func (p *Poller) countLocked(pd *pod, sign int) {
 	p.sum += float64(sign) * pd.Score
 }
 
-// publishLocked stores the running pool mean.
-func (p *Poller) publishLocked() {
-	switch {
-	case p.n <= 0:
-		p.sat.Store(1)
-	case p.inf > 0:
-		p.sat.Store(math.Inf(1))
-	default:
-		p.sat.Store(max(p.sum, 0) / float64(p.n)) // max: drift below 0
+// bigScore is the finite pod score above which a result re-sums the pool
+// instead of updating the running sum (O(pods) additions, no rescoring):
+// below it, the sum of any pool loses at most a few ulps per update.
+const bigScore = 1 << 20
+
+// resumLocked recomputes the running sum from the pods' current scores.
+func (p *Poller) resumLocked() {
+	p.sum, p.n, p.inf = 0, 0, 0
+	for _, pd := range p.order {
+		p.countLocked(pd, 1)
 	}
+}
+
+// publishLocked publishes the running pool sum (Saturation adds the live
+// credit on read).
+func (p *Poller) publishLocked() {
+	p.live.snap.Store(&poolSnap{sum: p.sum, n: p.n, inf: p.inf})
 }
 
 type scrapeResult struct {
@@ -436,6 +525,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 		p.mu.Unlock()
 		return
 	}
+	before := pd.Score
 	p.countLocked(pd, -1)
 	pd.lastStart = res.start
 	pd.Scrapes++
@@ -455,7 +545,13 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	}
 	p.scorePodLocked(pd, p.cfg.Now())
 	p.countLocked(pd, 1)
+	if before > bigScore && !math.IsInf(before, 1) || pd.Score > bigScore && !math.IsInf(pd.Score, 1) {
+		// Taking a huge score out of the running sum would cancel the
+		// small ones with it (1e300 + 1 − 1e300 = 0): sum afresh.
+		p.resumLocked()
+	}
 	p.publishLocked()
+	p.live.seq.Add(1)
 	hook := p.onApply
 	p.mu.Unlock()
 	if hook != nil {
@@ -634,7 +730,7 @@ func (p *Poller) loop(parent context.Context) error {
 	p.mu.Unlock()
 	cancel()
 	rs.wg.Wait()
-	p.sat.Store(1)
+	p.live.snap.Store(stoppedSnap)
 	if p.ownHTTP {
 		p.cfg.Client.CloseIdleConnections()
 	}

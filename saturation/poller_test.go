@@ -284,6 +284,67 @@ func TestPollerInFlightCredit(t *testing.T) {
 	mu.Unlock()
 	p.Rescore()
 	assert.InDelta(t, (1.2+2)/2, p.Saturation(), 1e-12)
+
+	// With the hook set, the poller's own counters do nothing.
+	assert.False(t, p.Dispatched(a))
+	assert.False(t, p.Finished(a))
+	assert.InDelta(t, (1.2+2)/2, p.Saturation(), 1e-12)
+}
+
+// TestPollerLiveCredit: Dispatched and Finished move the saturation at once,
+// without Rescore, by the formula of Scorer.
+func TestPollerLiveCredit(t *testing.T) {
+	clk := newFakeClock()
+	a, _ := vllmPod(t, 1, 2, 0)   // waiting 1, running 2
+	b, _ := vllmPod(t, 0, 0, 0.4) // kv 0.4 → 0.5
+	p := newTestPoller(t, PollerConfig{
+		Endpoints: []string{a, b}, Now: clk.Now,
+		Scorer: Scorer{InFlightCredit: true},
+	})
+	require.NoError(t, p.Poll(context.Background()))
+	seq := p.ReadingSeq()
+	assert.Equal(t, uint64(2), seq, "one result per pod")
+	assert.InDelta(t, (0.2+0.5)/2, p.Saturation(), 1e-12)
+	for range 8 {
+		require.True(t, p.Dispatched(a))
+	}
+	// a: waiting' = 1 + (8 − 3) = 6 → 1.2; b unchanged.
+	assert.InDelta(t, (1.2+0.5)/2, p.Saturation(), 1e-5)
+	assert.Equal(t, int64(8), p.InFlight(a))
+	assert.Equal(t, int64(8), p.Readings()[0].InFlight)
+	// b: kv term 0.5 = 2.5 waiting: the first 2 requests add nothing,
+	// the third 0.5/5, then 1/5 each.
+	for range 2 {
+		require.True(t, p.Dispatched(b))
+	}
+	assert.InDelta(t, (1.2+0.5)/2, p.Saturation(), 1e-5)
+	require.True(t, p.Dispatched(b))
+	assert.InDelta(t, (1.2+0.6)/2, p.Saturation(), 1e-5)
+	require.True(t, p.Dispatched(b))
+	assert.InDelta(t, (1.2+0.8)/2, p.Saturation(), 1e-5)
+	for range 4 {
+		require.True(t, p.Finished(b))
+	}
+	assert.False(t, p.Finished(b), "nothing in flight")
+	assert.Equal(t, uint64(1), p.Unbalanced())
+	assert.False(t, p.Dispatched("http://unknown/metrics"))
+	assert.Equal(t, seq, p.ReadingSeq(), "credit is not a reading")
+	p.Rescore()
+	assert.Equal(t, seq, p.ReadingSeq(), "nor is a rescore")
+	assert.InDelta(t, (1.2+0.5)/2, p.Saturation(), 1e-5)
+
+	// A pod removed with requests in flight keeps its count out of the
+	// score, and resumes it when added back.
+	require.NoError(t, p.SetEndpoints([]string{b}))
+	assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
+	assert.Equal(t, int64(8), p.InFlight(a))
+	require.True(t, p.Finished(a))
+	require.NoError(t, p.SetEndpoints([]string{a, b}))
+	assert.Equal(t, int64(7), p.InFlight(a))
+	require.NoError(t, p.Poll(context.Background()))
+	assert.Equal(t, seq+2, p.ReadingSeq())
+	// a: waiting' = 1 + (7 − 3) = 5 → 1.
+	assert.InDelta(t, (1+0.5)/2, p.Saturation(), 1e-5)
 }
 
 func TestPollerSetEndpoints(t *testing.T) {
@@ -358,7 +419,8 @@ func TestNewPollerValidation(t *testing.T) {
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: -1}}},
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: time.Nanosecond}}},
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: 87600 * time.Hour}}}, // metricsStalenessThreshold: 87600h
-		{"PollerConfig.InFlight", PollerConfig{Scorer: Scorer{InFlightCredit: true}}},
+		{"PollerConfig.PeerInFlight", PollerConfig{PeerInFlight: func(string) int64 { return 0 },
+			InFlight: func(string) int64 { return 0 }}},
 		{"MetricNames.KVUsage", PollerConfig{Metrics: MetricNames{Waiting: []string{"w"}}}},
 		{"MetricNames.Waiting", PollerConfig{Metrics: MetricNames{KVUsage: []string{"kv"}}}},
 		{"endpoint 0", PollerConfig{Endpoints: []string{"not a url"}}},
@@ -381,6 +443,8 @@ func TestNewPollerValidation(t *testing.T) {
 		"staleness upper edge": {Timeout: time.Hour, Scorer: Scorer{Staleness: MaxStaleness}},
 		"kv threshold 1":       {Scorer: Scorer{KVUtilThreshold: 1}},
 		"credit with InFlight": {Scorer: Scorer{InFlightCredit: true}, InFlight: func(string) int64 { return 0 }},
+		"credit, own counters": {Scorer: Scorer{InFlightCredit: true}},
+		"credit with peers":    {Scorer: Scorer{InFlightCredit: true}, PeerInFlight: func(string) int64 { return 0 }},
 	}
 	for name, cfg := range good {
 		p, err := NewPoller(cfg)
@@ -464,7 +528,10 @@ func TestPollerRun(t *testing.T) {
 func TestPollerConcurrentUse(t *testing.T) {
 	a, _ := vllmPod(t, 0, 0, 0)
 	b, _ := vllmPod(t, 5, 0, 0)
-	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond})
+	// Generous timeouts: this test is about concurrent use, and a 100 ms
+	// scrape timeout fails it on a loaded CI machine.
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{a}, Interval: time.Millisecond,
+		Timeout: 10 * time.Second, Scorer: Scorer{Staleness: time.Minute}})
 	require.NoError(t, p.Start())
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/flowgate/flowgate/examples/internal/gateway"
 	"io"
 	"net"
 	"net/http"
@@ -212,7 +213,7 @@ func TestChaosBackends(t *testing.T) {
 	var finished atomic.Int64
 	var reasonsMu sync.Mutex
 	reasons := map[string]int{}
-	p, err := NewProxy(Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {},
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {},
 		OnFinish: func(_, _ int, reason string) {
 			finished.Add(1)
 			reasonsMu.Lock()
@@ -228,7 +229,7 @@ func TestChaosBackends(t *testing.T) {
 	}()
 
 	reading := func(base string) saturation.PodReading {
-		for _, r := range p.poller.Readings() {
+		for _, r := range p.Poller().Readings() {
 			if r.Endpoint == metricsURL(base) {
 				return r
 			}
@@ -325,7 +326,7 @@ func TestChaosBackends(t *testing.T) {
 	eventually(t, "healthy pod usable", func() bool { return reading(servers[0].URL).Usable })
 	eventually(t, "vanished pod usable again", func() bool { return reading("http://" + van.addr).Usable })
 	// Three pods of five are failed: the pool mean is at least 3/5.
-	require.GreaterOrEqual(t, p.poller.Saturation(), 0.6)
+	require.GreaterOrEqual(t, p.Poller().Saturation(), 0.6)
 
 	// Every request finished exactly once at the proxy; in-flight counts
 	// return to 0 once the handlers of timed-out clients have returned.
@@ -367,7 +368,7 @@ func TestChaosBackends(t *testing.T) {
 	}
 	t.Logf("%d requests: %s; backends received healthy %d, hang %d, 500 %d, reset %d, vanish %d (down %d times); proxy reasons %v; pool saturation %.2f",
 		total, strings.Join(summary, ", "), healthy.received.Load(), hang.received.Load(), e500.received.Load(),
-		reset.received.Load(), vanish.received.Load(), downSeen.Load(), reasons, p.poller.Saturation())
+		reset.received.Load(), vanish.received.Load(), downSeen.Load(), reasons, p.Poller().Saturation())
 }
 
 // chaosRequest sends one completion through the proxy and classifies the
@@ -380,7 +381,7 @@ func chaosRequest(client *http.Client, front, objective, body string, timeout ti
 	if err != nil {
 		return -1, code, err.Error()
 	}
-	req.Header.Set(ObjectiveHeader, objective)
+	req.Header.Set(gateway.ObjectiveHeader, objective)
 	resp, err := client.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -391,7 +392,7 @@ func chaosRequest(client *http.Client, front, objective, body string, timeout ti
 	defer resp.Body.Close()
 	code = resp.StatusCode
 	from := resp.Header.Get(backendHeader)
-	reason := resp.Header.Get(ReasonHeader)
+	reason := resp.Header.Get(gateway.ReasonHeader)
 	data, readErr := io.ReadAll(bufio.NewReader(resp.Body))
 	switch {
 	case reason != "":
@@ -399,9 +400,9 @@ func chaosRequest(client *http.Client, front, objective, body string, timeout ti
 			return -1, code, fmt.Sprintf("proxy refusal %d %s from %q: %q %v", resp.StatusCode, reason, from, data, readErr)
 		}
 		switch {
-		case resp.StatusCode == http.StatusTooManyRequests && reason == reasonQueueFull,
-			resp.StatusCode == http.StatusServiceUnavailable && reason == reasonExpired,
-			resp.StatusCode == http.StatusBadGateway && reason == reasonBackendError:
+		case resp.StatusCode == http.StatusTooManyRequests && reason == gateway.ReasonQueueFull,
+			resp.StatusCode == http.StatusServiceUnavailable && reason == gateway.ReasonExpired,
+			resp.StatusCode == http.StatusBadGateway && reason == gateway.ReasonBackendError:
 			return outProxyError, code, ""
 		}
 		return -1, code, fmt.Sprintf("undocumented refusal %d %s", resp.StatusCode, reason)

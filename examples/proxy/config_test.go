@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"github.com/flowgate/flowgate/examples/internal/gateway"
+	"github.com/flowgate/flowgate/flowcontrol"
 	"os"
 	"strings"
 	"testing"
@@ -15,19 +17,21 @@ func TestParseConfigSample(t *testing.T) {
 	f, err := os.Open("config.yaml")
 	require.NoError(t, err)
 	defer f.Close()
-	cfg, err := ParseConfig(f)
+	cfg, err := gateway.ParseConfig(f)
 	require.NoError(t, err)
-	require.Equal(t, []Band{
-		{Name: "critical", Priority: 100, Capacity: 1024, MaxWait: 30 * time.Second},
-		{Name: "sheddable", Priority: 0, Capacity: 4096, MaxWait: 120 * time.Second},
+	require.Equal(t, []gateway.Band{
+		{Name: "critical", Priority: 100, Capacity: 1024, MaxWait: 30 * time.Second, MaxBytes: 1 << 30},
+		{Name: "sheddable", Priority: 0, Capacity: 4096, MaxWait: 120 * time.Second, MaxBytes: 2 << 30},
 	}, cfg.Bands)
-	require.Equal(t, PolicyRef{Type: policySoftReflective}, cfg.Policy)
+	require.Empty(t, cfg.Warnings)
+	require.Equal(t, gateway.BodyPriorityKeep, cfg.BodyPriority)
+	require.Equal(t, gateway.PolicyRef{Type: flowcontrol.SoftReflectivePolicyName}, cfg.Policy)
 	require.Equal(t, 1, cfg.DefaultBand)
 	require.Equal(t, map[string]int{"critical": 0, "interactive": 0, "sheddable": 1, "batch": 1}, cfg.Objectives)
-	require.Equal(t, SaturationConfig{
+	require.Equal(t, gateway.SaturationConfig{
 		QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8,
 		MetricsStalenessThreshold: 200 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond,
-		InFlightCredit: true,
+		InFlightCredit: true, Engine: gateway.EngineVLLM,
 	}, cfg.Saturation)
 }
 
@@ -39,26 +43,26 @@ func TestParseConfigSwitchIsOneLine(t *testing.T) {
 	src := string(data)
 	const line = "usageLimitPolicyPluginRef: soft-reflective\n"
 	require.Equal(t, 1, strings.Count(src, line))
-	cfg, err := ParseConfig(strings.NewReader(strings.Replace(src, line, "usageLimitPolicyPluginRef: baseline\n", 1)))
+	cfg, err := gateway.ParseConfig(strings.NewReader(strings.Replace(src, line, "usageLimitPolicyPluginRef: baseline\n", 1)))
 	require.NoError(t, err)
-	require.Equal(t, PolicyRef{Type: policyStatic, Threshold: 1.0}, cfg.Policy)
+	require.Equal(t, gateway.PolicyRef{Type: flowcontrol.StaticPolicyName, Threshold: 1.0}, cfg.Policy)
 }
 
 func TestParseConfigInFlightCredit(t *testing.T) {
-	cfg, err := ParseConfig(strings.NewReader("saturationDetector: {inFlightCredit: true}\n"))
+	cfg, err := gateway.ParseConfig(strings.NewReader("saturationDetector: {inFlightCredit: true}\n"))
 	require.NoError(t, err)
 	require.True(t, cfg.Saturation.InFlightCredit)
-	require.True(t, DefaultConfig().Saturation.InFlightCredit)
+	require.True(t, gateway.DefaultConfig().Saturation.InFlightCredit)
 }
 
 func TestParseConfigEmptyIsDefault(t *testing.T) {
-	cfg, err := ParseConfig(strings.NewReader(""))
+	cfg, err := gateway.ParseConfig(strings.NewReader(""))
 	require.NoError(t, err)
-	require.Equal(t, DefaultConfig(), cfg)
+	require.Equal(t, gateway.DefaultConfig(), cfg)
 }
 
 func TestParseConfigBandsSortedByPriority(t *testing.T) {
-	cfg, err := ParseConfig(strings.NewReader(`
+	cfg, err := gateway.ParseConfig(strings.NewReader(`
 flowControl:
   priorityBands:
     - {name: batch, priority: -5}
@@ -96,7 +100,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"empty bands", "flowControl:\n  priorityBands: []\n", []string{"flowControl.priorityBands (line 2)", "at least one"}},
 		{"unknown policy ref", "flowControl:\n  usageLimitPolicyPluginRef: magic\n",
 			[]string{"flowControl.usageLimitPolicyPluginRef (line 2)", `"magic"`}},
-		{"unknown plugin type", "plugins:\n  - {name: x, type: magic}\n", []string{"plugins[0].type (line 2)", "unknown policy"}},
+		{"unknown plugin type as the policy", "plugins:\n  - {name: x, type: magic}\nflowControl: {usageLimitPolicyPluginRef: x}\n",
+			[]string{"flowControl.usageLimitPolicyPluginRef (line 3)", `"x" is neither a declared policy plugin`}},
 		{"threshold on soft", "plugins:\n  - type: soft-reflective-ceiling-policy\n    parameters: {threshold: 0.5}\n",
 			[]string{"plugins[0].parameters.threshold (line 3)", "takes no threshold"}},
 		{"bad threshold", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: .nan}\n",
@@ -118,7 +123,7 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseConfig(strings.NewReader(tc.src))
+			_, err := gateway.ParseConfig(strings.NewReader(tc.src))
 			require.Error(t, err)
 			require.True(t, strings.HasPrefix(err.Error(), "proxy: config: "), err.Error())
 			for _, w := range tc.want {
@@ -142,7 +147,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("flowControl: {objectives: {x: y}}\n")
 	f.Add("a: &a [*a]\n")
 	f.Fuzz(func(t *testing.T, src string) {
-		cfg, err := ParseConfig(strings.NewReader(src))
+		cfg, err := gateway.ParseConfig(strings.NewReader(src))
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "proxy: config: ") {
 				t.Fatalf("error without prefix: %v", err)
@@ -168,7 +173,7 @@ func FuzzParseConfig(f *testing.F) {
 				t.Fatalf("objective %q → band %d of %d", o, i, len(cfg.Bands))
 			}
 		}
-		if cfg.Policy.Type != policyStatic && cfg.Policy.Type != policySoftReflective {
+		if cfg.Policy.Type != flowcontrol.StaticPolicyName && cfg.Policy.Type != flowcontrol.SoftReflectivePolicyName {
 			t.Fatalf("policy %q", cfg.Policy.Type)
 		}
 		if cfg.Saturation.ScrapeInterval <= 0 || cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
@@ -194,7 +199,7 @@ func TestParseConfigBandsProperty(t *testing.T) {
 			fmt.Fprintf(&src, "    - {name: b%d, priority: %d, capacity: %d, maxWait: %ds}\n", i, prios[i], caps[i], waits[i])
 		}
 		fmt.Fprintf(&src, "  defaultPriorityBand: b%d\n", def)
-		cfg, err := ParseConfig(strings.NewReader(src.String()))
+		cfg, err := gateway.ParseConfig(strings.NewReader(src.String()))
 		if err != nil {
 			t.Fatalf("%v\n%s", err, src.String())
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"github.com/flowgate/flowgate/examples/internal/gateway"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,7 +13,7 @@ import (
 	"time"
 )
 
-// FuzzNewProxy: a configuration ParseConfig accepts, with backends that are
+// FuzzNewProxy: a configuration gateway.ParseConfig accepts, with backends that are
 // absolute http(s) URLs listed once, builds a proxy; anything else is a
 // "proxy: " error naming the backend. Never a panic.
 func FuzzNewProxy(f *testing.F) {
@@ -26,7 +27,7 @@ func FuzzNewProxy(f *testing.F) {
 	f.Add("saturationDetector: {scrapeInterval: 1ns, metricsStalenessThreshold: 2ns}\n", "https://[::1]:443", "")
 	f.Add("plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: 0}\nflowControl: {usageLimitPolicyPluginRef: static-usage-limit-policy}\n", "http://a", "")
 	f.Fuzz(func(t *testing.T, yamlSrc, b1, b2 string) {
-		cfg, err := ParseConfig(strings.NewReader(yamlSrc))
+		cfg, err := gateway.ParseConfig(strings.NewReader(yamlSrc))
 		if err != nil {
 			return // FuzzParseConfig covers the refusals
 		}
@@ -52,9 +53,9 @@ func FuzzNewProxy(f *testing.F) {
 			valid = valid && !seen[m]
 			seen[m] = true
 		}
-		p, err := NewProxy(Options{Config: cfg, Backends: backends, Logf: func(string, ...any) {}})
+		p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: backends, Logf: func(string, ...any) {}})
 		if valid != (err == nil) {
-			t.Fatalf("NewProxy(%q): %v; model says valid=%v", backends, err, valid)
+			t.Fatalf("gateway.NewProxy(%q): %v; model says valid=%v", backends, err, valid)
 		}
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "proxy: backends[") {
@@ -68,7 +69,7 @@ func FuzzNewProxy(f *testing.F) {
 
 // fuzzProxy is one started proxy, shared by the iterations of FuzzServeHTTP,
 // in front of a loopback backend that answers 200 "ok" and idle metrics.
-func fuzzProxy(f *testing.F) *Proxy {
+func fuzzProxy(f *testing.F) *gateway.Proxy {
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(backendHeader, "ok")
 		if r.URL.Path == "/metrics" {
@@ -82,7 +83,7 @@ func fuzzProxy(f *testing.F) *Proxy {
 		cfg.Bands[i].Capacity = 64
 		cfg.Bands[i].MaxWait = 50 * time.Millisecond
 	}
-	p, err := NewProxy(Options{Config: cfg, Backends: []string{backend.URL}, MaxBodyBytes: 256, Logf: func(string, ...any) {}})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: []string{backend.URL}, MaxBodyBytes: 256, Logf: func(string, ...any) {}})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -111,12 +112,12 @@ func FuzzServeHTTP(f *testing.F) {
 	f.Add("PUT", "/v1/completions", "critical", []byte(`{}`))
 	f.Add("POST", "/v1", "critical", []byte(`{`))
 	documented := map[string]int{
-		reasonQueueFull: http.StatusTooManyRequests, reasonExpired: http.StatusServiceUnavailable,
-		reasonTooLarge: http.StatusRequestEntityTooLarge, reasonBadBody: http.StatusBadRequest,
-		reasonBackendError: http.StatusBadGateway, reasonNoBackend: http.StatusServiceUnavailable,
+		gateway.ReasonQueueFull: http.StatusTooManyRequests, gateway.ReasonExpired: http.StatusServiceUnavailable,
+		gateway.ReasonTooLarge: http.StatusRequestEntityTooLarge, gateway.ReasonBadBody: http.StatusBadRequest,
+		gateway.ReasonBackendError: http.StatusBadGateway, gateway.ReasonNoBackend: http.StatusServiceUnavailable,
 	}
 	bandNames := map[string]bool{}
-	for _, b := range p.cfg.Bands {
+	for _, b := range p.Config().Bands {
 		bandNames[b.Name] = true
 	}
 	f.Fuzz(func(t *testing.T, method, path, objective string, body []byte) {
@@ -126,12 +127,12 @@ func FuzzServeHTTP(f *testing.F) {
 		}
 		req.RequestURI = req.URL.RequestURI()
 		if objective != "" {
-			req.Header[ObjectiveHeader] = []string{objective}
+			req.Header[gateway.ObjectiveHeader] = []string{objective}
 		}
 		rec := httptest.NewRecorder()
 		p.ServeHTTP(rec, req)
 		code := rec.Result().StatusCode
-		reason := rec.Header().Get(ReasonHeader)
+		reason := rec.Header().Get(gateway.ReasonHeader)
 		gated := req.Method == http.MethodPost && strings.HasPrefix(req.URL.Path, "/v1/") && len(req.URL.Path) > 4
 		switch {
 		case req.Method == http.MethodGet && req.URL.Path == "/metrics":
@@ -145,8 +146,8 @@ func FuzzServeHTTP(f *testing.F) {
 		case rec.Header().Get(backendHeader) != "ok" || code != http.StatusOK:
 			t.Fatalf("%s %s: %d without a reason and not from the backend: %q", method, path, code, rec.Body.String())
 		}
-		if gated && reason != reasonTooLarge && reason != reasonBadBody && !bandNames[rec.Header().Get(BandHeader)] {
-			t.Fatalf("gated %s %s answered %d without its band (%q)", method, path, code, rec.Header().Get(BandHeader))
+		if gated && reason != gateway.ReasonTooLarge && reason != gateway.ReasonBadBody && !bandNames[rec.Header().Get(gateway.BandHeader)] {
+			t.Fatalf("gated %s %s answered %d without its band (%q)", method, path, code, rec.Header().Get(gateway.BandHeader))
 		}
 		if n := p.Controller().InFlight(); n != 0 {
 			t.Fatalf("controller in flight %d after the handler returned", n)

@@ -7,53 +7,44 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net/http"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
+
+	"github.com/flowgate/flowgate/examples/internal/gateway"
 )
 
 func main() {
 	configPath := flag.String("config", "", "optional YAML configuration (see examples/proxy/config.yaml)")
 	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends := flag.String("backends", "", "comma-separated base URLs of the model servers")
-	demo := flag.Bool("demo", false, "start two fake vLLM backends and a load generator, run static then soft-reflective, print TTFT p99 side by side")
-	qps := flag.Float64("qps", demoLoad().QPS, "demo: arrival rate in model time (codegen mix)")
-	speedUp := flag.Float64("speedup", demoLoad().SpeedUp, "demo: the fake backends run the model this many times faster than real time")
-	duration := flag.Duration("duration", demoLoad().Duration, "demo: wall-clock duration of the load per policy")
+	llmdMetrics := flag.Bool("llm-d-metrics", false, "also export llm-d's flow-control metric names (llm_d_epp_flow_control_*) on /metrics")
+	var sf serverFlags
+	sf.register(flag.CommandLine)
 	flag.Parse()
-
-	cfg := DefaultConfig()
-	if *demo {
-		// Compare the policies as the published experiment did: the
-		// reference saturation formula without in-flight credit (credit
-		// strengthens the static baseline too). -config overrides.
-		cfg.Saturation.InFlightCredit = false
+	if err := sf.validate(); err != nil {
+		fatal(err)
 	}
+
+	cfg := gateway.DefaultConfig()
 	if *configPath != "" {
 		f, err := os.Open(*configPath)
 		if err != nil {
 			fatal(err)
 		}
-		cfg, err = ParseConfig(f)
+		cfg, err = gateway.ParseConfig(f)
 		f.Close()
 		if err != nil {
 			fatal(err)
 		}
 	}
+	for _, w := range cfg.Warnings {
+		log.Printf("proxy: config: %s", w)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-
-	if *demo {
-		load := demoLoad()
-		load.QPS, load.SpeedUp, load.Duration = *qps, *speedUp, *duration
-		if _, err := RunDemo(ctx, DemoSpec{Config: cfg, Backends: 2, Load: load, Out: os.Stdout}); err != nil {
-			fatal(err)
-		}
-		return
-	}
 
 	var urls []string
 	for _, b := range strings.Split(*backends, ",") {
@@ -62,17 +53,25 @@ func main() {
 		}
 	}
 	if len(urls) == 0 {
-		fatal(errors.New("proxy: -backends is required (or -demo)"))
+		fatal(errors.New("proxy: -backends is required"))
 	}
-	p, err := NewProxy(Options{Config: cfg, Backends: urls})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls,
+		BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate, BackendResponseHeaderTimeout: sf.backendRespHeader, LLMDMetrics: *llmdMetrics})
 	if err != nil {
 		fatal(err)
 	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fatal(err)
+	}
+	lim := newConnLimiter(ln, sf.maxConns, sf.reservedConns)
+	srv := newServer(reserveForCritical(p.Critical, p), &sf)
+	srv.ConnState = lim.connState
 	p.Start()
-	srv := &http.Server{Addr: *addr, Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
-	go func() { served <- srv.ListenAndServe() }()
-	log.Printf("proxy: %s on http://%s → %v (policy %s, %d bands)", "listening", *addr, urls, cfg.Policy.Type, len(cfg.Bands))
+	go func() { served <- srv.Serve(lim) }()
+	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands, at most %d client connections, %d kept free)",
+		ln.Addr(), urls, cfg.Policy.Type, len(cfg.Bands), sf.maxConns, sf.reservedConns)
 	select {
 	case err := <-served:
 		p.Close()
@@ -80,15 +79,14 @@ func main() {
 	case <-ctx.Done():
 	}
 	// Graceful shutdown: stop accepting and answer what is queued with 503
-	// at once, then wait for what is in flight.
-	log.Printf("proxy: shutting down")
+	// at once, then wait for what is in flight, at most -drain-timeout.
+	log.Printf("proxy: shutting down (at most %v)", sf.drainTimeout)
 	p.Drain()
-	sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	if err := drain(srv, sf.drainTimeout); err != nil {
 		log.Printf("proxy: shutdown: %v", err)
 	}
 	p.Close()
+	log.Printf("proxy: stopped")
 }
 
 func fatal(err error) {

@@ -13,20 +13,29 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/cluster"
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
+	"github.com/flowgate/flowgate/flowcontrol"
 )
 
 // options are the parsed command line.
 type options struct {
 	workloads   []workload.Workload
 	qps         []float64 // nil = each workload's published points
-	policies    []string
+	policies    []string  // without the floor
+	floor       bool
 	duration    time.Duration
-	seed        uint64
+	seed        uint64 // the first seed
+	seeds       int
+	timeout     time.Duration
+	backendPrio bool
+	llmdTTL     time.Duration
 	format      string
 	gateways    int
 	plot        string
 	tick        time.Duration
 	burst       int
+	pacing      flowcontrol.Pacing
+	shared      time.Duration
+	sharedExact bool
 	credit      bool
 	scrape      time.Duration
 	replicas    int
@@ -34,6 +43,7 @@ type options struct {
 	step        vllm.StepModel
 	parallel    int
 	sweep       bool
+	fit         bool
 	sweepQPS    string
 	sweepTicks  string
 	sweepBursts string
@@ -51,25 +61,34 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	wl := fs.String("workload", "all", "workload: codegen, chat, reasoning or all")
 	qps := fs.String("qps", "", "comma-separated request rates (default: the published points of each workload)")
-	pol := fs.String("policy", "both", "policy: static, soft-reflective or both")
+	pol := fs.String("policy", strings.Join(defaultPolicies, ","),
+		"comma-separated policies: none, llmd-static, llmd-soft-reflective, static, soft-reflective (both = static,soft-reflective)")
+	fs.BoolVar(&o.floor, "floor", true, "also run the floor: the same critical arrivals with no sheddable traffic")
 	fs.DurationVar(&o.duration, "duration", 10*time.Minute, "arrival window (the pool then drains)")
-	fs.Uint64Var(&o.seed, "seed", 1, "random seed (same seed, same output)")
-	fs.StringVar(&o.format, "format", "table", "output: table (Markdown) or json (one object per line)")
+	fs.Uint64Var(&o.seed, "seed", 1, "first random seed (same seeds, same output)")
+	fs.IntVar(&o.seeds, "seeds", 5, "seeds per point: seed, seed+1, …, seed+seeds−1 (tables show median and min–max)")
+	fs.DurationVar(&o.timeout, "client-timeout", DefaultClientTimeout, "clients give up after this long; the request is aborted wherever it is (0 = never)")
+	fs.BoolVar(&o.backendPrio, "backend-priority", false, "replicas schedule by priority (vLLM --scheduling-policy priority)")
+	fs.DurationVar(&o.llmdTTL, "llmd-ttl", 0, "llm-d parity: request TTL enforced by the 1 s sweep (0 = none)")
+	fs.StringVar(&o.format, "format", "table", "output: table (Markdown) or json (JSON Lines: one object per workload, qps, policy, seed)")
 	fs.IntVar(&o.gateways, "gateways", 1, "independent gateways (dispatchers) sharing the pool, each with 1/N of the traffic")
 	fs.StringVar(&o.plot, "plot", "", "write an SVG chart of the changes (soft-reflective vs static) to this file")
 	fs.DurationVar(&o.tick, "tick", 0, "dispatcher tick (0 = flowcontrol.DefaultTick)")
-	fs.IntVar(&o.burst, "burst", 0, "items an open band releases per tick (0 = flowcontrol.DefaultBurst)")
+	fs.IntVar(&o.burst, "burst", 0, "items a gated band releases per opportunity (0 = flowcontrol.DefaultBurst); open bands release everything")
+	shared := fs.String("shared-inflight", "off", "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms")
+	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION, recheck")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
 	fs.IntVar(&o.replicas, "replicas", 2, "vLLM replicas in the pool")
 	fs.Float64Var(&o.cv, "cv", workload.DefaultCV, "coefficient of variation of token lengths (log-normal; 0 = constant)")
-	def := vllm.DefaultStepModel()
+	def := vllm.FittedStepModel()
 	base := fs.Duration("step-base", def.Base, "step model: fixed cost per step")
 	fs.Float64Var(&o.step.PrefillNs, "step-prefill-ns", def.PrefillNs, "step model: ns per prefill token")
 	fs.Float64Var(&o.step.DecodeNs, "step-decode-ns", def.DecodeNs, "step model: ns per decode token")
 	fs.Float64Var(&o.step.ContextNs, "step-context-ns", def.ContextNs, "step model: ns per context token read")
 	admit := fs.Duration("step-admit", def.PerAdmit, "step model: cost per request admitted in a step")
 	fs.IntVar(&o.parallel, "parallel", 0, "experiments run concurrently (0 = GOMAXPROCS); output does not depend on it")
+	fs.BoolVar(&o.fit, "fit", false, "print the calibration fit: llm-d parity at every published point, model vs hardware, residuals")
 	fs.BoolVar(&o.sweep, "sweep", false, "run the Tick × Burst × credit sweep used to choose flowgate's defaults")
 	fs.StringVar(&o.sweepQPS, "sweep-points", "codegen:4,codegen:16,chat:20,chat:80,reasoning:0.2,reasoning:0.7", "sweep: workload:qps points")
 	fs.StringVar(&o.sweepTicks, "sweep-ticks", "", "sweep: comma-separated ticks (default 1ms,5ms,10ms,50ms)")
@@ -100,13 +119,34 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			o.qps = append(o.qps, v)
 		}
 	}
-	switch *pol {
-	case "both":
-		o.policies = []string{cluster.Static, cluster.SoftReflective}
-	case cluster.Static, cluster.SoftReflective:
-		o.policies = []string{*pol}
+	for _, f := range strings.Split(*pol, ",") {
+		f = strings.TrimSpace(f)
+		switch f {
+		case "both":
+			o.policies = append(o.policies, cluster.Static, cluster.SoftReflective)
+		case cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective:
+			o.policies = append(o.policies, f)
+		case cluster.Floor:
+			o.floor = true
+		default:
+			return o, fmt.Errorf("-policy: %q must be none, llmd-static, llmd-soft-reflective, static, soft-reflective or both", f)
+		}
+	}
+	p, err := parsePacing(*pacing)
+	if err != nil {
+		return o, err
+	}
+	o.pacing = p
+	switch *shared {
+	case "off", "0", "":
+	case "request":
+		o.sharedExact = true
 	default:
-		return o, fmt.Errorf("-policy: %q must be static, soft-reflective or both", *pol)
+		d, err := time.ParseDuration(*shared)
+		if err != nil || d <= 0 {
+			return o, fmt.Errorf("-shared-inflight: %q must be off, request or a positive duration", *shared)
+		}
+		o.shared = d
 	}
 	if o.format != "table" && o.format != "json" {
 		return o, fmt.Errorf("-format: %q must be table or json", o.format)
@@ -128,6 +168,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-cv must be >= 0")
 	case o.parallel < 0:
 		return o, errors.New("-parallel must be >= 0")
+	case o.seeds < 1:
+		return o, errors.New("-seeds must be >= 1")
+	case o.timeout < 0:
+		return o, errors.New("-client-timeout must be >= 0")
+	case o.llmdTTL < 0:
+		return o, errors.New("-llmd-ttl must be >= 0")
 	}
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
@@ -137,13 +183,50 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// defaultPolicies are the policies of the default run (the floor is added by -floor).
+var defaultPolicies = []string{cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective}
+
+// DefaultClientTimeout is how long the simulated clients wait before giving up.
+const DefaultClientTimeout = 300 * time.Second
+
 // config builds one experiment's configuration from the options.
-func (o options) config(w workload.Workload, qps float64, policy string) cluster.Config {
+func (o options) config(w workload.Workload, qps float64, policy string, seed uint64) cluster.Config {
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
 	return cluster.Config{
-		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: o.seed,
-		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst,
+		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
+		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
+		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact,
 		Credit: o.credit, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}
+}
+
+// parsePacing reads -pacing: "" or "ticks" for the zero Pacing, otherwise
+// '+'-joined terms readings, completions and floor=DURATION.
+func parsePacing(v string) (flowcontrol.Pacing, error) {
+	var p flowcontrol.Pacing
+	if v == "" || v == "ticks" {
+		return p, nil
+	}
+	v = strings.TrimPrefix(v, "ticks+")
+	for _, term := range strings.Split(v, "+") {
+		switch {
+		case term == "readings":
+			p.Readings = true
+		case term == "completions":
+			p.Completions = true
+		case term == "recheck":
+			p.Recheck = true
+		case strings.HasPrefix(term, "floor="):
+			d, err := time.ParseDuration(strings.TrimPrefix(term, "floor="))
+			if err != nil || d <= 0 {
+				return p, fmt.Errorf("-pacing: %q: floor wants a positive duration", term)
+			}
+			p.Floor = d
+		default:
+			return p, fmt.Errorf("-pacing: %q must be ticks, or '+'-joined readings, completions, floor=DURATION, recheck", term)
+		}
+	}
+	return p, nil
 }

@@ -1,9 +1,14 @@
-// Command sim runs the deterministic vLLM-pool simulator with the real flowcontrol
-// dispatcher in the loop and compares the static baseline with the soft-reflective
-// ceiling on the published workloads. See the README's Simulator section.
+// Command sim runs the deterministic vLLM-pool simulator with the library's dispatchers
+// in the loop and compares, at every published workload and QPS point over several
+// seeds, no flow control, llm-d parity (flowcontrol.LLMDDispatcher with llm-d's static
+// and soft-reflective policies), flowgate's static and soft-reflective policies and the
+// critical-only floor. -format json writes JSON Lines (one object per workload, qps,
+// policy, seed); -fit prints the calibration fit. See the README's Simulator section.
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,8 +24,14 @@ func main() {
 // run is main without the process: tests call it twice and compare the bytes.
 func run(args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // -h: the usage went to stderr; exit 0
+	}
 	if err != nil {
 		return err
+	}
+	if o.fit {
+		return runFit(o, stdout, stderr)
 	}
 	if o.sweep {
 		return runSweep(o, stdout, stderr)
@@ -43,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := writeSVG(f, results); err != nil {
+		if err := writeSVG(f, o, results); err != nil {
 			f.Close()
 			return err
 		}

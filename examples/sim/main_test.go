@@ -21,7 +21,7 @@ func runArgs(t *testing.T, args ...string) string {
 func TestSameSeedSameBytes(t *testing.T) {
 	dir := t.TempDir()
 	args := func(svg string) []string {
-		return []string{"-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "3", "-quiet",
+		return []string{"-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "3", "-seeds", "2", "-quiet",
 			"-plot", filepath.Join(dir, svg)}
 	}
 	a := runArgs(t, args("a.svg")...)
@@ -34,17 +34,20 @@ func TestSameSeedSameBytes(t *testing.T) {
 	require.Equal(t, sa, sb)
 	require.True(t, bytes.HasPrefix(sa, []byte("<svg")))
 	require.Contains(t, a, "| codegen | 16 |")
-	c := runArgs(t, "-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "4", "-quiet")
+	c := runArgs(t, "-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "4", "-seeds", "2", "-quiet")
 	require.NotEqual(t, a, c)
 }
 
 func TestJSONKeys(t *testing.T) {
-	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2")
+	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2",
+		"-seeds", "2", "-policy", "none,llmd-static,llmd-soft-reflective,static,soft-reflective")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2, "one object per (workload, qps, policy)")
+	pols := []string{"floor", "none", "llmd-static", "llmd-soft-reflective", "static", "soft-reflective"}
+	require.Len(t, lines, 2*len(pols), "one object per (workload, qps, policy, seed): JSON Lines")
 	want := []string{"workload", "qps", "policy", "seed", "requests", "completed", "rejected",
 		"critical_ttft_p50_ms", "critical_ttft_p99_ms", "critical_e2e_p99_ms", "sheddable_ttft_p99_ms",
-		"sheddable_e2e_p99_ms", "throughput_rps", "share_dead_zone", "share_proportional", "share_hard_block"}
+		"sheddable_e2e_p99_ms", "throughput_rps", "total_throughput_rps", "goodput_rps", "critical_timeouts",
+		"sheddable_timeouts", "share_dead_zone", "share_proportional", "share_hard_block"}
 	for i, l := range lines {
 		var m map[string]any
 		require.NoError(t, json.Unmarshal([]byte(l), &m))
@@ -52,16 +55,27 @@ func TestJSONKeys(t *testing.T) {
 		for _, k := range want {
 			require.Contains(t, m, k)
 		}
-		require.Equal(t, []string{"static", "soft-reflective"}[i], m["policy"])
+		require.Equal(t, pols[i/2], m["policy"])
+		require.EqualValues(t, 1+i%2, m["seed"])
 		require.Equal(t, m["requests"], m["completed"])
 		require.EqualValues(t, 0, m["rejected"])
+		if m["policy"] == "floor" {
+			require.EqualValues(t, 0, m["sheddable_ttft_p99_ms"], "the floor has no sheddable traffic")
+		}
 	}
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.NoError(t, run([]string{"-h"}, &out, &errb))
+	require.Contains(t, errb.String(), "-client-timeout")
 }
 
 func TestFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"-workload", "poetry"}, {"-qps", "1,x"}, {"-qps", "-3"}, {"-policy", "fifo"}, {"-format", "xml"},
 		{"-duration", "0s"}, {"-gateways", "0"}, {"-burst", "-1"}, {"-step-decode-ns", "-1"}, {"extra"},
+		{"-seeds", "0"}, {"-client-timeout", "-1s"}, {"-policy", "none,fifo"},
 	} {
 		var out, errb bytes.Buffer
 		require.Error(t, run(args, &out, &errb), "%v", args)
@@ -77,4 +91,31 @@ func TestSweepRuns(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2*len(sweepTicks)*len(sweepBursts), rows, out)
+}
+
+// TestSameSeedSameBytesGateways4: with four gateways sharing the pool (ties between
+// their events resolved by the documented total order), the same seed gives the same
+// bytes, whatever the parallelism; the acceptance command's policies in JSON.
+func TestSameSeedSameBytesGateways4(t *testing.T) {
+	args := []string{"-workload", "codegen", "-qps", "16", "-duration", "15s", "-seeds", "2", "-gateways", "4", "-quiet",
+		"-policy", "none,llmd-static,llmd-soft-reflective,soft-reflective", "-format", "json"}
+	a := runArgs(t, args...)
+	b := runArgs(t, append(args, "-parallel", "1")...)
+	require.Equal(t, a, b)
+	require.Equal(t, 2*5, strings.Count(a, "\n"), "floor + 4 policies, 2 seeds")
+}
+
+// TestFitRuns: -fit prints one row per published figure, each with the hardware value,
+// the model's and a residual, and the loss.
+func TestFitRuns(t *testing.T) {
+	out := runArgs(t, "-fit", "-duration", "5s", "-seeds", "1", "-quiet")
+	rows := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "| codegen@") || strings.HasPrefix(l, "| chat@") || strings.HasPrefix(l, "| reasoning@") {
+			rows++
+			require.Regexp(t, `(×[0-9.]+ \(log10 [+-][0-9.]+\)|[+-][0-9.]+ pp) \|$`, l)
+		}
+	}
+	require.Equal(t, len(publishedPoints), rows, out)
+	require.Regexp(t, `\nloss [0-9.]+\n`, out)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,6 +18,16 @@ type job struct {
 	cfg cluster.Config
 }
 
+// policiesRun is the policies of the run in output order, the floor first.
+func (o options) policiesRun() []string {
+	var ps []string
+	if o.floor {
+		ps = append(ps, cluster.Floor)
+	}
+	return append(ps, o.policies...)
+}
+
+// jobs lists the experiments in output order: workload, QPS, policy, seed.
 func (o options) jobs() []job {
 	var js []job
 	for _, w := range o.workloads {
@@ -25,8 +36,10 @@ func (o options) jobs() []job {
 			qs = w.QPS
 		}
 		for _, q := range qs {
-			for _, p := range o.policies {
-				js = append(js, job{o.config(w, q, p)})
+			for _, p := range o.policiesRun() {
+				for k := range o.seeds {
+					js = append(js, job{o.config(w, q, p, o.seed+uint64(k))})
+				}
 			}
 		}
 	}
@@ -35,7 +48,8 @@ func (o options) jobs() []job {
 
 // runJobs runs the experiments on up to parallel goroutines. Each experiment is
 // self-contained and deterministic, and results are stored by index, so the output
-// does not depend on the parallelism or the scheduling.
+// does not depend on the parallelism or the scheduling. Progress and the wall time go
+// to stderr unless quiet.
 func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Result, error) {
 	if parallel == 0 {
 		parallel = runtime.GOMAXPROCS(0)
@@ -58,7 +72,7 @@ func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Re
 					mu.Lock()
 					done++
 					c := js[i].cfg
-					fmt.Fprintf(stderr, "[%d/%d] %s@%g %s: %v\n", done, len(js), c.Workload.Name, c.QPS, c.Policy,
+					fmt.Fprintf(stderr, "[%d/%d] %s@%g %s seed %d: %v\n", done, len(js), c.Workload.Name, c.QPS, c.Policy, c.Seed,
 						time.Since(t0).Round(time.Millisecond))
 					mu.Unlock()
 				}
@@ -76,7 +90,8 @@ func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Re
 		}
 	}
 	if !quiet {
-		fmt.Fprintf(stderr, "%d experiments in %v (wall clock)\n", len(js), time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(stderr, "%d experiments in %v wall clock (process CPU so far %v, GOMAXPROCS %d)\n", len(js),
+			time.Since(start).Round(time.Millisecond), cpuTime().Round(time.Millisecond), runtime.GOMAXPROCS(0))
 	}
 	return res, nil
 }
@@ -85,7 +100,7 @@ func runAll(o options, stderr io.Writer) ([]cluster.Result, error) {
 	return runJobs(o.jobs(), o.parallel, o.quiet, stderr)
 }
 
-// jsonRecord has exactly the keys the issue specifies, in its order.
+// jsonRecord is one JSON Lines object: one experiment (workload, qps, policy, seed).
 type jsonRecord struct {
 	Workload          string  `json:"workload"`
 	QPS               float64 `json:"qps"`
@@ -100,6 +115,10 @@ type jsonRecord struct {
 	SheddableTTFTp99  float64 `json:"sheddable_ttft_p99_ms"`
 	SheddableE2Ep99   float64 `json:"sheddable_e2e_p99_ms"`
 	Throughput        float64 `json:"throughput_rps"`
+	TotalThroughput   float64 `json:"total_throughput_rps"`
+	Goodput           float64 `json:"goodput_rps"`
+	CriticalTimeouts  int     `json:"critical_timeouts"`
+	SheddableTimeouts int     `json:"sheddable_timeouts"`
 	ShareDeadZone     float64 `json:"share_dead_zone"`
 	ShareProportional float64 `json:"share_proportional"`
 	ShareHardBlock    float64 `json:"share_hard_block"`
@@ -110,16 +129,20 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 	for _, r := range rs {
 		rec := jsonRecord{
 			Workload: r.Workload, QPS: r.QPS, Policy: r.Policy, Seed: r.Seed,
-			Requests:         r.Critical.Requests + r.Sheddable.Requests,
-			Completed:        r.Critical.Completed + r.Sheddable.Completed,
-			Rejected:         r.Critical.Rejected + r.Sheddable.Rejected,
-			CriticalTTFTp50:  round3(r.Critical.TTFTp50),
-			CriticalTTFTp99:  round3(r.Critical.TTFTp99),
-			CriticalE2Ep99:   round3(r.Critical.E2Ep99),
-			SheddableTTFTp99: round3(r.Sheddable.TTFTp99),
-			SheddableE2Ep99:  round3(r.Sheddable.E2Ep99),
-			Throughput:       round3(r.Critical.Throughput),
-			ShareDeadZone:    round3(r.ShareDeadZone), ShareProportional: round3(r.ShareProportional),
+			Requests:          r.Critical.Requests + r.Sheddable.Requests,
+			Completed:         r.Critical.Completed + r.Sheddable.Completed,
+			Rejected:          r.Critical.Rejected + r.Sheddable.Rejected,
+			CriticalTTFTp50:   round3(r.Critical.TTFTp50),
+			CriticalTTFTp99:   round3(r.Critical.TTFTp99),
+			CriticalE2Ep99:    round3(r.Critical.E2Ep99),
+			SheddableTTFTp99:  round3(r.Sheddable.TTFTp99),
+			SheddableE2Ep99:   round3(r.Sheddable.E2Ep99),
+			Throughput:        round3(r.Critical.Throughput),
+			TotalThroughput:   round3(r.TotalThroughput),
+			Goodput:           round3(r.TotalGoodput),
+			CriticalTimeouts:  r.Critical.Timeouts,
+			SheddableTimeouts: r.Sheddable.Timeouts,
+			ShareDeadZone:     round3(r.ShareDeadZone), ShareProportional: round3(r.ShareProportional),
 			ShareHardBlock: round3(r.ShareHardBlock),
 		}
 		if err := enc.Encode(rec); err != nil {
@@ -161,80 +184,149 @@ func fmtChange(a, b float64) string {
 	return fmt.Sprintf("%+.1f %%", c)
 }
 
-// pair is the two policies' results at one (workload, qps) point.
-type pair struct {
-	static, soft *cluster.Result
+// stat is a figure over seeds: median (mean of the two middle values for an even
+// count), minimum and maximum.
+type stat struct{ med, lo, hi float64 }
+
+func statOf(xs []float64) stat {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n == 0 {
+		return stat{}
+	}
+	m := s[n/2]
+	if n%2 == 0 {
+		m = (s[n/2-1] + s[n/2]) / 2
+	}
+	return stat{m, s[0], s[n-1]}
 }
 
-func pairs(rs []cluster.Result) []pair {
-	var ps []pair
+// fmtStat formats a stat with f: the median, and the range when there are several
+// seeds and they differ.
+func fmtStat(st stat, f func(float64) string, seeds int) string {
+	if seeds <= 1 || st.lo == st.hi {
+		return f(st.med)
+	}
+	return fmt.Sprintf("%s (%s–%s)", f(st.med), f(st.lo), f(st.hi))
+}
+
+// point is one (workload, QPS) with its results per policy (one per seed).
+type point struct {
+	workload string
+	qps      float64
+	by       map[string][]*cluster.Result
+}
+
+// points groups the results, in output order.
+func points(rs []cluster.Result) []point {
+	var ps []point
 	for i := range rs {
 		r := &rs[i]
-		if n := len(ps); n > 0 {
-			last := &ps[n-1]
-			cur := last.static
-			if cur == nil {
-				cur = last.soft
-			}
-			if cur.Workload == r.Workload && cur.QPS == r.QPS {
-				if r.Policy == cluster.Static {
-					last.static = r
-				} else {
-					last.soft = r
-				}
-				continue
-			}
+		if n := len(ps); n == 0 || ps[n-1].workload != r.Workload || ps[n-1].qps != r.QPS {
+			ps = append(ps, point{r.Workload, r.QPS, map[string][]*cluster.Result{}})
 		}
-		p := pair{}
-		if r.Policy == cluster.Static {
-			p.static = r
-		} else {
-			p.soft = r
-		}
-		ps = append(ps, p)
+		p := &ps[len(ps)-1]
+		p.by[r.Policy] = append(p.by[r.Policy], r)
 	}
 	return ps
 }
 
-func writeTable(w io.Writer, o options, rs []cluster.Result) error {
-	ps := pairs(rs)
-	both := len(o.policies) == 2
-	pf := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	if both {
-		pf("Critical band, static (1.0) vs soft-reflective; change = (soft − static)/static.\n\n")
-		pf("| workload | QPS | TTFT p99 static | TTFT p99 soft | change | E2E p99 static | E2E p99 soft | change | throughput static | throughput soft | change | rejected |\n")
-		pf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-		for _, p := range ps {
-			a, b := p.static, p.soft
-			pf("| %s | %g | %s | %s | %s | %s | %s | %s | %.3f | %.3f | %s | %d |\n", a.Workload, a.QPS,
-				fmtMs(a.Critical.TTFTp99), fmtMs(b.Critical.TTFTp99), fmtChange(a.Critical.TTFTp99, b.Critical.TTFTp99),
-				fmtMs(a.Critical.E2Ep99), fmtMs(b.Critical.E2Ep99), fmtChange(a.Critical.E2Ep99, b.Critical.E2Ep99),
-				a.Critical.Throughput, b.Critical.Throughput, fmtChange(a.Critical.Throughput, b.Critical.Throughput),
-				a.Critical.Rejected+a.Sheddable.Rejected+b.Critical.Rejected+b.Sheddable.Rejected)
-		}
-		pf("\nSheddable band and gate regimes (share of ticks the sheddable band spent in dead zone / proportional / hard block).\n\n")
-		pf("| workload | QPS | sheddable TTFT p99 static | sheddable TTFT p99 soft | sheddable E2E p99 static | sheddable E2E p99 soft | mean saturation static | mean saturation soft | regimes static | regimes soft | preemptions static / soft |\n")
-		pf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |\n")
-		for _, p := range ps {
-			a, b := p.static, p.soft
-			pf("| %s | %g | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %d / %d |\n", a.Workload, a.QPS,
-				fmtMs(a.Sheddable.TTFTp99), fmtMs(b.Sheddable.TTFTp99), fmtMs(a.Sheddable.E2Ep99), fmtMs(b.Sheddable.E2Ep99),
-				a.MeanSaturation, b.MeanSaturation, regimes(a), regimes(b), a.Preemptions, b.Preemptions)
-		}
-		return nil
-	}
-	pf("| workload | QPS | policy | requests | completed | rejected | critical TTFT p50 | critical TTFT p99 | critical E2E p99 | sheddable TTFT p99 | sheddable E2E p99 | critical throughput | regimes (dead / prop / block) |\n")
-	pf("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
-	for i := range rs {
-		r := &rs[i]
-		pf("| %s | %g | %s | %d | %d | %d | %s | %s | %s | %s | %s | %.3f | %s |\n", r.Workload, r.QPS, r.Policy,
-			r.Critical.Requests+r.Sheddable.Requests, r.Critical.Completed+r.Sheddable.Completed,
-			r.Critical.Rejected+r.Sheddable.Rejected, fmtMs(r.Critical.TTFTp50), fmtMs(r.Critical.TTFTp99),
-			fmtMs(r.Critical.E2Ep99), fmtMs(r.Sheddable.TTFTp99), fmtMs(r.Sheddable.E2Ep99), r.Critical.Throughput, regimes(r))
-	}
-	return nil
+// figure is one reported quantity of a result.
+type figure struct {
+	name string
+	get  func(*cluster.Result) float64
+	fmt  func(float64) string
 }
 
-func regimes(r *cluster.Result) string {
-	return fmt.Sprintf("%.0f / %.0f / %.0f %%", 100*r.ShareDeadZone, 100*r.ShareProportional, 100*r.ShareHardBlock)
+func f3(x float64) string   { return fmt.Sprintf("%.3f", x) }
+func f2(x float64) string   { return fmt.Sprintf("%.2f", x) }
+func fint(x float64) string { return fmt.Sprintf("%.0f", x) }
+
+var figures = []figure{
+	{"critical TTFT p50", func(r *cluster.Result) float64 { return r.Critical.TTFTp50 }, fmtMs},
+	{"critical TTFT p99", func(r *cluster.Result) float64 { return r.Critical.TTFTp99 }, fmtMs},
+	{"critical E2E p99", func(r *cluster.Result) float64 { return r.Critical.E2Ep99 }, fmtMs},
+	{"sheddable TTFT p99", func(r *cluster.Result) float64 { return r.Sheddable.TTFTp99 }, fmtMs},
+	{"sheddable E2E p99", func(r *cluster.Result) float64 { return r.Sheddable.E2Ep99 }, fmtMs},
+	{"critical throughput (req/s)", func(r *cluster.Result) float64 { return r.Critical.Throughput }, f3},
+	{"total throughput (req/s)", func(r *cluster.Result) float64 { return r.TotalThroughput }, f3},
+	{"goodput (req/s)", func(r *cluster.Result) float64 { return r.TotalGoodput }, f3},
+	{"critical timeouts", func(r *cluster.Result) float64 { return float64(r.Critical.Timeouts) }, fint},
+	{"sheddable timeouts", func(r *cluster.Result) float64 { return float64(r.Sheddable.Timeouts) }, fint},
+	{"rejected", func(r *cluster.Result) float64 { return float64(r.Critical.Rejected + r.Sheddable.Rejected) }, fint},
+	{"mean saturation", func(r *cluster.Result) float64 { return r.MeanSaturation }, f2},
+	{"preemptions", func(r *cluster.Result) float64 { return float64(r.Preemptions) }, fint},
+}
+
+func statFor(rs []*cluster.Result, get func(*cluster.Result) float64) stat {
+	xs := make([]float64, len(rs))
+	for i, r := range rs {
+		xs[i] = get(r)
+	}
+	return statOf(xs)
+}
+
+// comparisons are the changes the headline table quotes: (treatment, baseline).
+var comparisons = [][2]string{
+	{cluster.LLMDSoftReflective, cluster.None},
+	{cluster.LLMDSoftReflective, cluster.LLMDStatic},
+	{cluster.SoftReflective, cluster.None},
+	{cluster.SoftReflective, cluster.LLMDStatic},
+}
+
+func writeTable(w io.Writer, o options, rs []cluster.Result) error {
+	ps := points(rs)
+	pols := o.policiesRun()
+	pf := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	ttft := figures[1]
+	var cmps [][2]string
+	for _, c := range comparisons {
+		if slices.Contains(pols, c[0]) && slices.Contains(pols, c[1]) {
+			cmps = append(cmps, c)
+		}
+	}
+	pf("Critical TTFT p99, median (min–max) over %d seed(s); change = (treatment − baseline)/baseline of the medians, negative is better.\n\n", o.seeds)
+	pf("| workload | QPS |")
+	for _, p := range pols {
+		pf(" %s |", p)
+	}
+	for _, c := range cmps {
+		pf(" %s vs %s |", c[0], c[1])
+	}
+	pf("\n| --- | ---: |")
+	for range len(pols) + len(cmps) {
+		pf(" ---: |")
+	}
+	pf("\n")
+	for _, pt := range ps {
+		pf("| %s | %g |", pt.workload, pt.qps)
+		for _, p := range pols {
+			pf(" %s |", fmtStat(statFor(pt.by[p], ttft.get), ttft.fmt, o.seeds))
+		}
+		for _, c := range cmps {
+			pf(" %s |", fmtChange(statFor(pt.by[c[1]], ttft.get).med, statFor(pt.by[c[0]], ttft.get).med))
+		}
+		pf("\n")
+	}
+	pf("\nEvery figure per policy, median (min–max) over %d seed(s). TTFT of a request whose client gave up before its first token counts as the client timeout (a lower bound); E2E is over completed requests.\n\n", o.seeds)
+	pf("| workload | QPS | policy |")
+	for _, f := range figures {
+		pf(" %s |", f.name)
+	}
+	pf("\n| --- | ---: | --- |")
+	for range figures {
+		pf(" ---: |")
+	}
+	pf("\n")
+	for _, pt := range ps {
+		for _, p := range pols {
+			pf("| %s | %g | %s |", pt.workload, pt.qps, p)
+			for _, f := range figures {
+				pf(" %s |", fmtStat(statFor(pt.by[p], f.get), f.fmt, o.seeds))
+			}
+			pf("\n")
+		}
+	}
+	return nil
 }

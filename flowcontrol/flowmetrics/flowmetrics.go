@@ -42,6 +42,7 @@ const (
 	ReasonClosed     = "closed"
 	ReasonCancelled  = "cancelled"
 	ReasonNotRunning = "not_running"
+	ReasonShed       = "shed" // refused by the controller's Admitter
 	// ReasonFlowFull: the request's flow held its band's FlowCapacity
 	// (flowcontrol.ErrFlowFull). Not part of queue_full.
 	ReasonFlowFull = "flow_full"
@@ -91,7 +92,7 @@ type FlowSource interface {
 //
 //	flowgate_queue_depth{band}                   gauge   requests waiting in the band
 //	flowgate_requests_total{band,outcome}        counter queued requests by outcome: dispatched, cancelled, expired, closed
-//	flowgate_refused_total{band,reason}          counter calls refused before the queue: queue_full, closed, cancelled, not_running
+//	flowgate_refused_total{band,reason}          counter calls refused before the queue: queue_full, closed, cancelled, not_running, shed
 //	flowgate_unknown_band_total                  counter calls refused for naming no band
 //	flowgate_saturation                          gauge   sanitised saturation read at the last tick
 //	flowgate_band_ceiling{band}                  gauge   the band's ceiling at the last tick
@@ -199,7 +200,7 @@ func New(bands int, opts Options) (*Collector, error) {
 			"Requests that entered the band's queue and left it, by outcome: dispatched, cancelled, expired, closed.",
 			[]string{"band", "outcome"}, cl),
 		refused: prometheus.NewDesc(ns+"_refused_total",
-			"Calls refused before the band's queue, by reason: queue_full, closed, cancelled (context already done), not_running.",
+			"Calls refused before the band's queue, by reason: queue_full, closed, cancelled (context already done), not_running, shed (refused by the admitter).",
 			[]string{"band", "reason"}, cl),
 		unknown: prometheus.NewDesc(ns+"_unknown_band_total",
 			"Calls refused because they named no band.", nil, cl),
@@ -324,6 +325,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.refused, b.Refused.Closed, name, ReasonClosed)
 		counter(c.refused, b.Refused.Cancelled, name, ReasonCancelled)
 		counter(c.refused, b.Refused.NotRunning, name, ReasonNotRunning)
+		counter(c.refused, b.Refused.Shed, name, ReasonShed)
 		counter(c.refused, b.FlowFull, name, ReasonFlowFull)
 		ch <- prometheus.MustNewConstMetric(c.ceiling, prometheus.GaugeValue, b.Gate.Ceiling, name)
 		ch <- prometheus.MustNewConstMetric(c.every, prometheus.GaugeValue, float64(b.Gate.Every), name)

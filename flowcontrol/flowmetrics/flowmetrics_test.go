@@ -187,6 +187,7 @@ func TestScrapeMatchesStats(t *testing.T) {
 		require.Equal(t, float64(b.Gate.Every), value(t, fams, "flowgate_band_duty_cycle_ticks", lb).GetGauge().GetValue())
 		for reason, want := range map[string]uint64{
 			"queue_full": b.Rejected, "closed": b.Refused.Closed, "cancelled": b.Refused.Cancelled, "not_running": b.Refused.NotRunning,
+			"shed": b.Refused.Shed,
 		} {
 			got := value(t, fams, "flowgate_refused_total", map[string]string{"band": name, "reason": reason})
 			require.Equal(t, float64(want), got.GetCounter().GetValue(), "%s %s", name, reason)

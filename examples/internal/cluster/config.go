@@ -15,15 +15,43 @@ var ErrInvalidConfig = errors.New("cluster: invalid config")
 
 // Policy names as the CLI and the JSON output spell them.
 const (
+	// None is no flow control: every request is dispatched on arrival.
+	None = "none"
+	// Static and SoftReflective are flowgate's policies in flowcontrol.Dispatcher.
 	Static         = "static"
 	SoftReflective = "soft-reflective"
+	// LLMDStatic and LLMDSoftReflective are llm-d parity: flowcontrol.LLMDDispatcher
+	// (one item per cycle, strict priority, halt at the first gated band) with
+	// flowcontrol.LLMDStatic(1.0) or flowcontrol.LLMDSoftReflective().
+	LLMDStatic         = "llmd-static"
+	LLMDSoftReflective = "llmd-soft-reflective"
+	// Floor is the same critical arrivals with no sheddable traffic, dispatched on
+	// arrival: the physical lower bound of critical latency.
+	Floor = "floor"
 )
+
+// Policies lists every policy name, in the order the simulator reports them.
+func Policies() []string {
+	return []string{Floor, None, LLMDStatic, LLMDSoftReflective, Static, SoftReflective}
+}
+
+func knownPolicy(p string) bool {
+	for _, q := range Policies() {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+func (c Config) flowgate() bool { return c.Policy == Static || c.Policy == SoftReflective }
+func (c Config) llmd() bool     { return c.Policy == LLMDStatic || c.Policy == LLMDSoftReflective }
 
 // Config is one experiment. Zero values of optional fields take the defaults noted.
 type Config struct {
 	Workload workload.Workload
 	QPS      float64       // offered load, requests/s over all gateways (> 0)
-	Policy   string        // Static or SoftReflective
+	Policy   string        // one of Policies()
 	Duration time.Duration // arrival window (> 0)
 	// DrainLimit bounds the virtual time after the window during which the pool may
 	// finish what it holds. 0 means 20·Duration (in practice, until empty).
@@ -32,15 +60,37 @@ type Config struct {
 	Replicas   int           // vLLM replicas (0 = 2)
 	Gateways   int           // independent dispatchers sharing the pool (0 = 1)
 	Tick       time.Duration // dispatcher tick (0 = flowcontrol.DefaultTick)
-	Burst      int           // items per open band per tick (0 = flowcontrol.DefaultBurst)
-	Credit     bool          // count dispatched-but-invisible requests as waiting
-	Scrape     time.Duration // metrics scrape interval (0 = 50 ms)
-	CV         float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity   int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica    vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	Burst      int           // items per gated band per opportunity (0 = flowcontrol.DefaultBurst)
+	// Pacing is what a gated band's duty cycle counts (zero = ticks); see
+	// flowcontrol.Pacing. Readings are this gateway's scrapes, completions its
+	// requests finishing.
+	Pacing flowcontrol.Pacing
+	// SharedInFlight models gateway replicas sharing their in-flight view
+	// (saturation/redisshare): every SharedInFlight each gateway refreshes its copy of
+	// the other gateways' in-flight counts per replica, which routing and the in-flight
+	// credit then add to its own. 0 = no sharing. SharedInFlightExact shares them at
+	// the end of every instant in which one changed instead (the limit of a period of
+	// 0: "per request").
+	SharedInFlight      time.Duration
+	SharedInFlightExact bool
+	Credit              bool          // count dispatched-but-invisible requests as waiting
+	Scrape              time.Duration // metrics scrape interval (0 = 50 ms)
+	CV                  float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity            int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica             vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
 	CatchUp int
+	// ClientTimeout is how long a client waits for its request to complete before it
+	// gives up; the request is then aborted wherever it is (gateway queue or replica).
+	// 0 = clients never give up.
+	ClientTimeout time.Duration
+	// BackendPriority makes the replicas schedule by priority (vLLM
+	// --scheduling-policy priority): critical requests carry priority 0, sheddable 1.
+	BackendPriority bool
+	// LLMDTTL is the llm-d parity gateway's request TTL (0 = none), enforced by the
+	// 1 s sweep.
+	LLMDTTL time.Duration
 
 	// noSkip makes every gateway tick on every tick of the run (tests compare it with
 	// the skipping loop, which must give the same result).
@@ -91,8 +141,10 @@ func (c Config) validate() error {
 	switch {
 	case !(c.QPS > 0):
 		return fmt.Errorf("%w: QPS %v must be > 0", ErrInvalidConfig, c.QPS)
-	case c.Policy != Static && c.Policy != SoftReflective:
-		return fmt.Errorf("%w: Policy %q must be %q or %q", ErrInvalidConfig, c.Policy, Static, SoftReflective)
+	case c.SharedInFlight < 0:
+		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
+	case !knownPolicy(c.Policy):
+		return fmt.Errorf("%w: Policy %q must be one of %q", ErrInvalidConfig, c.Policy, Policies())
 	case c.Duration <= 0:
 		return fmt.Errorf("%w: Duration %v must be > 0", ErrInvalidConfig, c.Duration)
 	case c.DrainLimit < 0:
@@ -111,6 +163,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Capacity %d must be >= 0", ErrInvalidConfig, c.Capacity)
 	case c.CatchUp < 0:
 		return fmt.Errorf("%w: CatchUp %d must be >= 0", ErrInvalidConfig, c.CatchUp)
+	case c.ClientTimeout < 0:
+		return fmt.Errorf("%w: ClientTimeout %v must be >= 0", ErrInvalidConfig, c.ClientTimeout)
+	case c.LLMDTTL < 0:
+		return fmt.Errorf("%w: LLMDTTL %v must be >= 0", ErrInvalidConfig, c.LLMDTTL)
 	}
 	return nil
 }

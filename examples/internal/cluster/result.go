@@ -7,16 +7,22 @@ import (
 
 // Class holds the measurements of one band's requests.
 type Class struct {
-	Requests  int     // arrivals in the window
-	Completed int     // finished (within the drain limit)
-	Rejected  int     // refused by the gateway (queue full); expiries are off
-	TTFTp50   float64 // ms, over requests that got a first token
-	TTFTp99   float64
-	E2Ep50    float64 // ms, over completed requests
-	E2Ep99    float64
+	Requests  int // arrivals in the window
+	Completed int // finished (within the drain limit)
+	Rejected  int // refused by the gateway (queue full); expiries are off
+	Timeouts  int // clients that gave up (Config.ClientTimeout) before completion
+	// TTFTp50 and TTFTp99 are in ms, over requests that got a first token and, counted
+	// at the client timeout (a lower bound: censored), those whose client gave up first.
+	TTFTp50 float64
+	TTFTp99 float64
+	E2Ep50  float64 // ms, over completed requests
+	E2Ep99  float64
 	// Throughput is completions per second inside the arrival window: requests that
 	// finished by the end of the window, over its length (goodput while load is offered).
 	Throughput float64
+	// Goodput is completions (within the client timeout, wherever they end) per second
+	// of the arrival window.
+	Goodput float64
 }
 
 // Result is one experiment's outcome.
@@ -35,6 +41,9 @@ type Result struct {
 	Steps                                            uint64
 	MaxGatewayQueue                                  int
 	Unfinished                                       int // requests left when the drain limit hit
+	// TotalThroughput is completions of both classes inside the arrival window per
+	// second; TotalGoodput is completions of both classes per second of the window.
+	TotalThroughput, TotalGoodput float64
 }
 
 // Percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted xs, 0 if empty.
@@ -68,9 +77,16 @@ func (s *sim) result() Result {
 		}
 		if q.first >= 0 {
 			ttft[c] = append(ttft[c], ms(q.first-q.arrive))
+		} else if q.timedOut {
+			ttft[c] = append(ttft[c], ms(int64(s.cfg.ClientTimeout)))
+		}
+		if q.timedOut {
+			cl.Timeouts++
+			continue
 		}
 		if q.done >= 0 {
 			cl.Completed++
+			cl.Goodput++
 			e2e[c] = append(e2e[c], ms(q.done-q.arrive))
 			if q.done <= s.window {
 				cl.Throughput++
@@ -85,8 +101,13 @@ func (s *sim) result() Result {
 		cl := cls[c]
 		cl.TTFTp50, cl.TTFTp99 = Percentile(ttft[c], 0.5), Percentile(ttft[c], 0.99)
 		cl.E2Ep50, cl.E2Ep99 = Percentile(e2e[c], 0.5), Percentile(e2e[c], 0.99)
+		res.TotalThroughput += cl.Throughput
+		res.TotalGoodput += cl.Goodput
 		cl.Throughput /= time.Duration(s.window).Seconds()
+		cl.Goodput /= time.Duration(s.window).Seconds()
 	}
+	res.TotalThroughput /= time.Duration(s.window).Seconds()
+	res.TotalGoodput /= time.Duration(s.window).Seconds()
 	var total, satSum float64
 	var reg [3]float64
 	for _, g := range s.gws {

@@ -5,8 +5,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/emirpasic/gods/v2/trees/binaryheap"
-
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
@@ -22,16 +20,19 @@ const (
 
 type evKind uint8
 
+// Event kinds, in the order events at the same instant are handled (see compareEvents).
 const (
-	evArrival evKind = iota // idx = gateway
-	evTick                  // idx = gateway
+	evStepEnd evKind = iota // idx = replica: a step's effects land first
+	evTimeout               // idx = gateway: the client of its oldest pending request gives up
 	evScrape                // idx = gateway
-	evKick                  // idx = replica: start a step if idle
-	evStepEnd               // idx = replica
+	evSweep                 // idx = gateway: llm-d's 1 s expiry sweep
+	evArrival               // idx = gateway
+	evTick                  // idx = gateway
+	evKick                  // idx = replica: start a step if idle, after the instant's releases
+	evSync                  // idx = gateway: the shared in-flight view is refreshed (SharedInFlight)
 )
 
-// event is a comparable value so it can live in a gods binary heap; seq breaks ties
-// in insertion order, which makes the run deterministic.
+// event is one scheduled happening of the run.
 type event struct {
 	at   int64
 	seq  uint64
@@ -39,15 +40,27 @@ type event struct {
 	idx  int32
 }
 
+// compareEvents is the simulator's total order of events: by time, then kind (the
+// order of the evKind constants), then index (gateway, replica or request), then
+// insertion sequence. Ties between gateways therefore never depend on the order in
+// which their events happened to be pushed, and the run is deterministic.
 func compareEvents(a, b event) int {
 	switch {
-	case a.at < b.at:
+	case a.at != b.at:
+		return cmpInt(a.at, b.at)
+	case a.kind != b.kind:
+		return cmpInt(int64(a.kind), int64(b.kind))
+	case a.idx != b.idx:
+		return cmpInt(int64(a.idx), int64(b.idx))
+	}
+	return cmpInt(int64(a.seq), int64(b.seq))
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
 		return -1
-	case a.at > b.at:
-		return 1
-	case a.seq < b.seq:
-		return -1
-	case a.seq > b.seq:
+	case a > b:
 		return 1
 	}
 	return 0
@@ -62,25 +75,43 @@ type request struct {
 	first    int64         // -1 until the first token
 	done     int64         // -1 until finished
 	rejected bool          // the gateway refused it (queue full)
+	timedOut bool          // its client gave up before it completed
 	vr       *vllm.Request // its own allocation: the replica keeps the pointer while reqs grows
 }
 
 type gateway struct {
-	d        *flowcontrol.Dispatcher[int32]
+	d        *flowcontrol.Dispatcher[int32]     // Static, SoftReflective
+	l        *flowcontrol.LLMDDispatcher[int32] // LLMDStatic, LLMDSoftReflective
+	llmdSoft *flowcontrol.LLMDSoftReflectivePolicy
 	gen      *workload.Generator
 	next     workload.Arrival
 	hasNext  bool
 	queued   [bands]int
-	inflight []int64
-	readings []saturation.Reading
+	inflight []int64 // this gateway's own requests in flight, per replica
+	others   []int64 // the other gateways' in flight per replica, as last synced (SharedInFlight)
+	// syncPending: an evSync is pushed for this instant (SharedInFlightExact)
+	syncPending bool
+	readings    []saturation.Reading
 
 	lastTick    int64 // index of the last tick Step ran (tick k is at k·Tick); -1 none
 	tickPending bool
 
-	accounted int64 // ticks < accounted are in regime/satSum
-	regime    [3]uint64
-	satSum    float64
-	maxQueued int
+	direct int // requests dispatched on arrival (None, Floor)
+	// readVer counts changes of readings; satCache holds the saturation computed at
+	// satVer, valid until the virtual time satUntil (see source.Saturation).
+	readVer, satVer uint64
+	scrapes         uint64 // scrape rounds, the reading sequence
+	satCache        float64
+	satUntil        int64
+	satOK           bool
+	// clients[clientHead:] are this gateway's requests whose client timeout has not
+	// fired yet, in arrival (= deadline) order; one evTimeout is armed for the head.
+	clients    []int32
+	clientHead int
+	accounted  int64 // ticks < accounted are in regime/satSum
+	regime     [3]uint64
+	satSum     float64
+	maxQueued  int
 }
 
 type sim struct {
@@ -88,7 +119,7 @@ type sim struct {
 	now      int64
 	base     time.Time
 	seq      uint64
-	events   *binaryheap.Heap[event]
+	events   eventHeap
 	replicas []*vllm.Replica
 	busy     []bool // a step is in flight
 	kicked   []bool // an evKick is pending
@@ -104,12 +135,13 @@ type sim struct {
 	arrivals int // arrival streams still open
 	steps    uint64
 	preempts uint64
+	total    []int64 // in flight per replica over every gateway
 	err      error
 }
 
 func (s *sim) push(at int64, k evKind, idx int32) {
 	s.seq++
-	s.events.Push(event{at: at, seq: s.seq, kind: k, idx: idx})
+	s.events.push(event{at: at, seq: s.seq, kind: k, idx: idx})
 }
 
 func (s *sim) nowTime() time.Time { return s.base.Add(time.Duration(s.now)) }
@@ -122,7 +154,32 @@ type source struct {
 	g *gateway
 }
 
-func (src source) Saturation() float64 { return src.s.scorer.Pool(src.g.readings, src.s.nowTime()) }
+// ReadingSeq counts the gateway's scrapes (flowcontrol.ReadingSource), for
+// Pacing.Readings.
+func (src source) ReadingSeq() uint64 { return src.g.scrapes }
+
+// The value is cached: it is a pure function of the readings and of which of them are
+// stale (now − At > Staleness), so it is recomputed only after the readings change
+// (readVer) or once the virtual clock passes the first reading's staleness deadline.
+func (src source) Saturation() float64 {
+	g, s := src.g, src.s
+	if g.satOK && g.satVer == g.readVer && s.now <= g.satUntil {
+		return g.satCache
+	}
+	v := s.scorer.Pool(g.readings, s.nowTime())
+	g.satCache, g.satVer, g.satOK = v, g.readVer, true
+	stale := s.scorer.Staleness
+	if stale < saturation.MinStaleness || stale > saturation.MaxStaleness {
+		stale = saturation.DefaultStaleness
+	}
+	g.satUntil = math.MaxInt64
+	for i := range g.readings {
+		if rd := &g.readings[i]; rd.OK && !rd.At.IsZero() {
+			g.satUntil = min(g.satUntil, int64(rd.At.Sub(s.base))+int64(stale))
+		}
+	}
+	return v
+}
 
 // Run runs one experiment and returns its result.
 func Run(cfg Config) (Result, error) {
@@ -141,7 +198,6 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:    cfg,
 		base:   time.Unix(0, 0).UTC(),
-		events: binaryheap.NewWith(compareEvents),
 		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
@@ -149,9 +205,10 @@ func run(cfg Config) (*sim, error) {
 	s.winTicks = (s.window + s.tick - 1) / s.tick
 	if cfg.Policy == Static {
 		s.policy = flowcontrol.NewStatic(flowcontrol.DefaultStaticThreshold)
-	} else {
+	} else if cfg.Policy == SoftReflective {
 		s.policy = flowcontrol.NewSoftReflective()
 	}
+	cfg.Replica.PriorityScheduling = cfg.BackendPriority
 	for range cfg.Replicas {
 		r, err := vllm.New(cfg.Replica)
 		if err != nil {
@@ -159,35 +216,21 @@ func run(cfg Config) (*sim, error) {
 		}
 		s.replicas = append(s.replicas, r)
 	}
+	s.cfg.Replica = cfg.Replica
 	s.busy = make([]bool, cfg.Replicas)
+	s.total = make([]int64, cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
 	for g := range cfg.Gateways {
 		gen, err := workload.NewGenerator(cfg.Workload, cfg.QPS/float64(cfg.Gateways), cfg.CV, cfg.Seed, uint64(g))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas),
+		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas), others: make([]int64, cfg.Replicas),
 			readings: make([]saturation.Reading, cfg.Replicas), lastTick: -1}
 		gi := int32(g)
-		bandCfg := make([]flowcontrol.BandConfig, bands)
-		for i := range bandCfg {
-			bandCfg[i].Capacity = cfg.Capacity
-		}
-		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int32]{
-			Config: flowcontrol.Config{
-				Bands:  bandCfg,
-				Policy: s.policy,
-				Source: source{s, gw},
-				Burst:  cfg.Burst,
-				Tick:   cfg.Tick,
-				Now:    s.nowTime,
-			},
-			Dispatch: func(band int, id int32) { s.dispatch(gi, band, id) },
-		})
-		if err != nil {
+		if err := s.newGatewayQueue(gw, gi); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		gw.d = d
 		s.gws = append(s.gws, gw)
 		gw.next = gen.Next()
 		if int64(gw.next.At) < s.window {
@@ -197,6 +240,13 @@ func run(cfg Config) (*sim, error) {
 		}
 		// Gateways scrape out of phase, as independent proxies would.
 		s.push(int64(cfg.Scrape)*int64(g)/int64(cfg.Gateways), evScrape, gi)
+		if cfg.SharedInFlight > 0 && !cfg.SharedInFlightExact {
+			// Replicas sync out of phase too.
+			s.push(int64(cfg.SharedInFlight)*int64(g)/int64(cfg.Gateways), evSync, gi)
+		}
+		if gw.l != nil {
+			s.push(int64(flowcontrol.LLMDCleanupInterval), evSweep, gi)
+		}
 		if cfg.noSkip {
 			s.schedule(gw, gi)
 		}
@@ -210,11 +260,11 @@ func run(cfg Config) (*sim, error) {
 
 func (s *sim) loop() {
 	limit := s.window + int64(s.cfg.DrainLimit)
-	for !s.events.Empty() {
-		if s.arrivals == 0 && s.pending == 0 {
-			return
+	for !s.events.empty() {
+		if s.arrivals == 0 && s.pending == 0 && !s.anyBusy() {
+			return // (a busy replica may still hold requests aborted in its step)
 		}
-		e, _ := s.events.Pop()
+		e := s.events.pop()
 		if e.at > limit {
 			return
 		}
@@ -231,11 +281,77 @@ func (s *sim) loop() {
 			s.begin(int(e.idx))
 		case evStepEnd:
 			s.stepEnd(int(e.idx))
+		case evTimeout:
+			s.timeouts(s.gws[e.idx], e.idx)
+		case evSweep:
+			s.sweep(s.gws[e.idx], e.idx)
+		case evSync:
+			s.sync(s.gws[e.idx], e.idx)
 		}
 		if s.err != nil {
 			return
 		}
 	}
+}
+
+// newGatewayQueue builds gateway gi's flow control for the configured policy: the
+// library's Dispatcher (flowgate's policies) or LLMDDispatcher (llm-d parity); None and
+// Floor have none. The only place the simulator constructs a flowcontrol dispatcher.
+func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
+	cfg := s.cfg
+	abandoned := func(id int32) bool { return s.reqs[id].timedOut }
+	onDrop := func(band int, _ int32, _ error) { gw.queued[band]-- } // only abandoned items are dropped
+	switch {
+	case cfg.flowgate():
+		bandCfg := make([]flowcontrol.BandConfig, bands)
+		for i := range bandCfg {
+			bandCfg[i].Capacity = cfg.Capacity
+		}
+		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int32]{
+			Config: flowcontrol.Config{
+				Bands:  bandCfg,
+				Policy: s.policy,
+				Source: source{s, gw},
+				Burst:  cfg.Burst,
+				Tick:   cfg.Tick,
+				Now:    s.nowTime,
+				Pacing: cfg.Pacing,
+			},
+			Dispatch:  func(band int, id int32) { s.dispatch(gi, band, id) },
+			OnDrop:    onDrop,
+			Abandoned: abandoned,
+		})
+		gw.d = d
+		return err
+	case cfg.llmd():
+		var p flowcontrol.LLMDUsageLimitPolicy = flowcontrol.LLMDStatic(flowcontrol.DefaultStaticThreshold)
+		if cfg.Policy == LLMDSoftReflective {
+			gw.llmdSoft = flowcontrol.LLMDSoftReflective()
+			p = gw.llmdSoft
+		}
+		band := flowcontrol.BandConfig{Capacity: cfg.Capacity, MaxWait: cfg.LLMDTTL}
+		l, err := flowcontrol.NewLLMDDispatcher(flowcontrol.LLMDDispatcherConfig[int32]{
+			Bands:     []flowcontrol.BandConfig{band, band},
+			Policy:    p,
+			Source:    source{s, gw},
+			Dispatch:  func(band int, id int32) { s.dispatch(gi, band, id) },
+			OnDrop:    onDrop,
+			Abandoned: abandoned,
+			Now:       s.nowTime,
+		})
+		gw.l = l
+		return err
+	}
+	return nil
+}
+
+func (s *sim) anyBusy() bool {
+	for _, b := range s.busy {
+		if b {
+			return true
+		}
+	}
+	return false
 }
 
 // regimeOf classifies the sheddable band's gate: 0 dead zone (every tick), 1
@@ -250,8 +366,31 @@ func regimeOf(g flowcontrol.Gate) int {
 	return 2
 }
 
+// regime classifies the sheddable band at saturation sat under the run's policy: for
+// flowgate's policies from the policy's Gate; for llm-d parity 0 below its reflective
+// ceiling (or the static threshold), 1 in the duty cycle, 2 halted; for None and
+// Floor always 0.
+func (s *sim) regime(sat float64) int {
+	switch s.cfg.Policy {
+	case Static, SoftReflective:
+		return regimeOf(s.policy.Gate(BandSheddable, bands, sat))
+	case LLMDStatic:
+		if sat >= flowcontrol.DefaultStaticThreshold {
+			return 2
+		}
+	case LLMDSoftReflective:
+		switch {
+		case sat >= 1:
+			return 2
+		case sat >= 1-sat: // band 1's reflective ceiling with two bands
+			return 1
+		}
+	}
+	return 0
+}
+
 // account counts the ticks with index < upTo (and inside the arrival window) in the
-// regime the policy gives the sheddable band at the gateway's current saturation. The
+// regime the sheddable band is in at the gateway's current saturation. The
 // saturation is piecewise constant between events, so this is exact whether or not the
 // dispatcher actually ran those ticks.
 func (s *sim) account(g *gateway, upTo int64) {
@@ -261,7 +400,7 @@ func (s *sim) account(g *gateway, upTo int64) {
 	}
 	sat := flowcontrol.Sanitize(source{s, g}.Saturation())
 	n := upTo - g.accounted
-	g.regime[regimeOf(s.policy.Gate(BandSheddable, bands, sat))] += uint64(n)
+	g.regime[s.regime(sat)] += uint64(n)
 	g.satSum += sat * float64(n)
 	g.accounted = upTo
 }
@@ -271,31 +410,55 @@ func (s *sim) ticksBefore() int64 { return (s.now + s.tick - 1) / s.tick }
 
 // catchUp brings a dormant gateway's dispatcher up to date before one of its inputs
 // changes: the ticks it skipped (all at a saturation equal to the current one, since
-// nothing changed in between) are replayed, at most CatchUp of them. On those ticks
-// the dispatcher could not release anything (its bands were empty or blocked), so
-// replaying only advances its per-band tick counts, which saturate in effect once they
-// exceed any Every the policy returns below the cap.
-func (s *sim) catchUp(g *gateway) {
-	last := s.ticksBefore() - 1 // the last tick strictly before now
+// nothing changed in between) are replayed. For flowgate's Dispatcher at most CatchUp
+// of them are stepped: on those ticks it could not release anything (its bands were
+// empty or blocked), so replaying only advances its per-band tick counts, which
+// saturate in effect once they exceed any Every the policy returns below the cap. For
+// llm-d parity LLMDDispatcher.Skip replays them exactly (the shared duty-cycle counter
+// advances by their number).
+func (s *sim) catchUp(g *gateway) { s.catchUpTo(g, s.ticksBefore()-1) } // the last tick strictly before now
+
+// catchUpTo is catchUp through tick last.
+func (s *sim) catchUpTo(g *gateway, last int64) {
 	s.account(g, last+1)
 	if g.tickPending || last <= g.lastTick {
 		return
 	}
-	n := min(last-g.lastTick, int64(s.cfg.CatchUp))
-	for range n {
+	switch {
+	case g.d != nil && s.cfg.Pacing != (flowcontrol.Pacing{}):
+		// Under pacing the skipped ticks may hold floor opportunities:
+		// Skip counts all but the last exactly, and the last is run (so
+		// the gates are read even if no tick ran before), as Run does
+		// when it wakes.
+		g.d.Skip(last - g.lastTick - 1)
 		g.d.Step()
+	case g.d != nil:
+		n := min(last-g.lastTick, int64(s.cfg.CatchUp))
+		for range n {
+			g.d.Step()
+		}
+	case g.l != nil:
+		g.l.Skip(last - g.lastTick)
 	}
 	g.lastTick = last
 }
 
-// canRelease reports whether some non-empty band has a gate that is not a hard block at
-// the current saturation (asking the policy, not re-deriving it).
+// canRelease reports whether a tick could change anything: for flowgate's Dispatcher,
+// some non-empty band has a gate that is not a hard block at the current saturation
+// (asking the policy, not re-deriving it); for llm-d parity, some band holds an item
+// and band 0 is not halted (an idle or halted cycle only advances the duty-cycle
+// counter, which Skip replays).
 func (s *sim) canRelease(g *gateway) bool {
-	sat := flowcontrol.Sanitize(source{s, g}.Saturation())
-	for b := range bands {
-		if g.queued[b] > 0 && s.policy.Gate(b, bands, sat).Every > 0 {
-			return true
+	switch {
+	case g.d != nil:
+		sat := flowcontrol.Sanitize(source{s, g}.Saturation())
+		for b := range bands {
+			if g.queued[b] > 0 && s.policy.Gate(b, bands, sat).Every > 0 {
+				return true
+			}
 		}
+	case g.l != nil:
+		return !g.l.Empty() && !g.l.Halted()
 	}
 	return false
 }
@@ -303,6 +466,9 @@ func (s *sim) canRelease(g *gateway) bool {
 // schedule arms the gateway's next tick if it could release something; otherwise the
 // gateway stays dormant until an input changes.
 func (s *sim) schedule(g *gateway, gi int32) {
+	if g.d == nil && g.l == nil {
+		return // no flow control, no ticks
+	}
 	if g.tickPending || (!s.cfg.noSkip && !s.canRelease(g)) {
 		return
 	}
@@ -313,30 +479,139 @@ func (s *sim) schedule(g *gateway, gi int32) {
 
 func (s *sim) arrive(g *gateway, gi int32) {
 	a := g.next
+	s.nextArrival(g, gi)
+	if s.cfg.Policy == Floor && !a.Critical {
+		return // the floor: the same critical arrivals, no sheddable traffic
+	}
 	s.catchUp(g)
 	id := int32(len(s.reqs))
+	prio := 1
+	if a.Critical {
+		prio = 0
+	}
 	s.reqs = append(s.reqs, request{critical: a.Critical, gw: gi, replica: -1, arrive: s.now, dispatch: -1, first: -1, done: -1,
-		vr: &vllm.Request{ID: uint64(id), Input: a.Input, Output: a.Output}})
+		vr: &vllm.Request{ID: uint64(id), Input: a.Input, Output: a.Output, Priority: prio}})
 	band := BandSheddable
 	if a.Critical {
 		band = BandCritical
 	}
-	if err := g.d.Enqueue(band, id); err == nil {
+	if s.cfg.ClientTimeout > 0 {
+		// Deadlines are arrival + a constant, so each gateway's are in arrival order:
+		// a FIFO per gateway with one event armed for its head keeps the heap small.
+		g.clients = append(g.clients, id)
+		if len(g.clients)-g.clientHead == 1 {
+			s.push(s.now+int64(s.cfg.ClientTimeout), evTimeout, gi)
+		}
+	}
+	switch {
+	case g.d == nil && g.l == nil:
 		g.queued[band]++
 		s.pending++
-		g.maxQueued = max(g.maxQueued, g.queued[0]+g.queued[1])
+		g.direct++
+		s.dispatch(gi, band, id)
+	case g.d != nil:
+		if err := g.d.Enqueue(band, id); err != nil {
+			s.reqs[id].rejected = true
+			break
+		}
+		s.enqueued(g, band)
 		// Run wakes on Enqueue and polls: an open band with burst left this tick
 		// releases the item at once.
 		g.d.Poll()
-	} else {
-		s.reqs[id].rejected = true
+	default:
+		if err := g.l.Enqueue(band, id); err != nil {
+			s.reqs[id].rejected = true
+			break
+		}
+		s.enqueued(g, band)
+		// llm-d runs a dispatch cycle after every enqueue.
+		g.l.Cycle()
 	}
+	s.schedule(g, gi)
+}
+
+func (s *sim) enqueued(g *gateway, band int) {
+	g.queued[band]++
+	s.pending++
+	g.maxQueued = max(g.maxQueued, g.queued[0]+g.queued[1])
+}
+
+// nextArrival draws the gateway's next arrival and schedules it, or closes its stream
+// at the end of the window.
+func (s *sim) nextArrival(g *gateway, gi int32) {
 	g.next = g.gen.Next()
 	if int64(g.next.At) < s.window {
 		s.push(int64(g.next.At), evArrival, gi)
 	} else {
 		g.hasNext = false
 		s.arrivals--
+	}
+}
+
+// timeouts fires the client timeouts of gateway gi that are due now, in arrival order,
+// and arms the next one (skipping requests that completed meanwhile).
+func (s *sim) timeouts(g *gateway, gi int32) {
+	to := int64(s.cfg.ClientTimeout)
+	for g.clientHead < len(g.clients) {
+		id := g.clients[g.clientHead]
+		q := &s.reqs[id]
+		if q.done >= 0 || q.rejected {
+			g.clientHead++
+			continue
+		}
+		if q.arrive+to > s.now {
+			s.push(q.arrive+to, evTimeout, gi)
+			break
+		}
+		g.clientHead++
+		s.timeout(id)
+	}
+	if g.clientHead > 4096 && 2*g.clientHead > len(g.clients) {
+		g.clients = append(g.clients[:0], g.clients[g.clientHead:]...)
+		g.clientHead = 0
+	}
+}
+
+// timeout is request id's client giving up: unless it completed, it is aborted where it
+// is — in its gateway's queue (the dispatcher drops it: flowgate's at once through
+// Abandon, llm-d's when a cycle reaches it or at the next sweep) or at its replica
+// (its KV blocks are freed).
+func (s *sim) timeout(id int32) {
+	q := &s.reqs[id]
+	if q.done >= 0 || q.rejected || q.timedOut {
+		return
+	}
+	q.timedOut = true
+	s.pending--
+	g := s.gws[q.gw]
+	s.catchUp(g)
+	band := BandSheddable
+	if q.critical {
+		band = BandCritical
+	}
+	if q.dispatch < 0 {
+		switch {
+		case g.d != nil:
+			g.d.Abandon(band)
+			g.d.Poll() // Run polls at once after Abandon
+		case g.l != nil:
+			g.l.Abandon(band)
+		}
+	} else {
+		r := q.replica
+		s.replicas[r].Abort(q.vr)
+		s.moveInflight(q.gw, int(r), -1)
+		s.kick(int(r))
+	}
+	s.schedule(g, q.gw)
+}
+
+// sweep is llm-d's 1 s expiry sweep on gateway gi.
+func (s *sim) sweep(g *gateway, gi int32) {
+	s.catchUp(g)
+	g.l.Sweep()
+	if s.arrivals > 0 || s.pending > 0 {
+		s.push(s.now+int64(flowcontrol.LLMDCleanupInterval), evSweep, gi)
 	}
 	s.schedule(g, gi)
 }
@@ -349,7 +624,11 @@ func (s *sim) onTick(g *gateway, gi int32) {
 	if s.cfg.onTick != nil {
 		sat = flowcontrol.Sanitize(source{s, g}.Saturation())
 	}
-	g.d.Step()
+	if g.d != nil {
+		g.d.Step()
+	} else {
+		g.l.Cycle()
+	}
 	g.lastTick = k
 	if s.cfg.onTick != nil {
 		s.cfg.onTick(s, g, sat)
@@ -363,20 +642,23 @@ func (s *sim) scrape(g *gateway, gi int32) {
 	for r, rep := range s.replicas {
 		m := rep.Metrics()
 		g.readings[r] = saturation.Reading{Waiting: float64(m.Waiting), Running: float64(m.Running),
-			KVUsage: m.KVCacheUsage, InFlight: g.inflight[r], At: at, OK: true}
+			KVUsage: m.KVCacheUsage, InFlight: s.seen(g, r), At: at, OK: true}
 	}
+	g.readVer++
+	g.scrapes++
 	s.push(s.now+int64(s.cfg.Scrape), evScrape, gi)
 	s.schedule(g, gi)
 }
 
 // route picks the least loaded replica as this gateway sees it: the larger of the
-// scraped waiting+running and its own in-flight count there (requests it sent that the
-// metrics may not show yet); ties go to fewer own in-flight requests, then lower index.
+// scraped waiting+running and the in-flight count it sees there (its own requests that
+// the metrics may not show yet, plus the other gateways' with a shared view); ties go to
+// fewer own in-flight requests, then lower index.
 func (s *sim) route(g *gateway) int {
 	best, bestLoad, bestOwn := 0, math.Inf(1), int64(math.MaxInt64)
 	for r := range s.replicas {
 		rd := g.readings[r]
-		load := max(rd.Waiting+rd.Running, float64(g.inflight[r]))
+		load := max(rd.Waiting+rd.Running, float64(s.seen(g, r)))
 		if load < bestLoad || (load == bestLoad && g.inflight[r] < bestOwn) {
 			best, bestLoad, bestOwn = r, load, g.inflight[r]
 		}
@@ -396,11 +678,64 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 		s.err = fmt.Errorf("cluster: request %d: %w", id, err)
 		return
 	}
-	g.inflight[r]++
-	g.readings[r].InFlight = g.inflight[r]
+	s.moveInflight(gi, r, 1)
+	s.kick(r)
+}
+
+// seen is the in-flight count on replica r that gateway g sees: its own, plus, with a
+// shared view, the other gateways' (exact, or as of the last sync).
+func (s *sim) seen(g *gateway, r int) int64 {
+	if s.cfg.SharedInFlightExact || s.cfg.SharedInFlight > 0 {
+		return g.inflight[r] + g.others[r]
+	}
+	return g.inflight[r]
+}
+
+// moveInflight changes gateway gi's in-flight count on replica r by delta and every
+// view of it: the gateway's own reading and, with an exact shared view, every other
+// gateway's (each brought up to date first, as for any change of its inputs).
+func (s *sim) moveInflight(gi int32, r int, delta int64) {
+	g := s.gws[gi]
+	g.inflight[r] += delta
+	s.total[r] += delta
+	g.readings[r].InFlight = s.seen(g, r)
+	g.readVer++
+	if !s.cfg.SharedInFlightExact {
+		return
+	}
+	// The others see it at the end of this instant (an evSync after every tick of
+	// the instant), so that a gateway's tick at this instant reads the same view
+	// whether it ran or was skipped.
+	for oi, o := range s.gws {
+		if int32(oi) != gi && !o.syncPending {
+			o.syncPending = true
+			s.push(s.now, evSync, int32(oi))
+		}
+	}
+}
+
+// sync refreshes gateway gi's copy of the other gateways' in-flight counts, as a
+// replica of the shared view (saturation/redisshare) does every period.
+func (s *sim) sync(g *gateway, gi int32) {
+	// evSync comes after every tick of its instant: a tick at this very instant
+	// has run (or, skipped, is replayed now) with the old view.
+	s.catchUpTo(g, s.now/s.tick)
+	for r := range s.replicas {
+		g.others[r] = s.total[r] - g.inflight[r]
+		g.readings[r].InFlight = s.seen(g, r)
+	}
+	g.readVer++
+	g.syncPending = false
+	if !s.cfg.SharedInFlightExact && (s.pending > 0 || s.arrivals > 0) {
+		s.push(s.now+int64(s.cfg.SharedInFlight), evSync, gi)
+	}
+	s.schedule(g, gi)
+}
+
+// kick starts replica r's next step after this instant's releases (so requests released
+// at the same instant share it), unless it is busy or already kicked.
+func (s *sim) kick(r int) {
 	if !s.busy[r] && !s.kicked[r] {
-		// Start the step after this tick's releases, so requests released in the
-		// same tick share it.
 		s.kicked[r] = true
 		s.push(s.now, evKick, int32(r))
 	}
@@ -438,8 +773,13 @@ func (s *sim) stepEnd(r int) {
 			s.pending--
 			g := s.gws[q.gw]
 			s.catchUp(g)
-			g.inflight[r]--
-			g.readings[r].InFlight = g.inflight[r]
+			s.moveInflight(q.gw, r, -1)
+			if g.d != nil && s.cfg.Pacing.Completions {
+				// A completion is an opportunity: Run would wake
+				// and poll at once.
+				g.d.Complete()
+				g.d.Poll()
+			}
 			s.schedule(g, q.gw)
 		}
 	}

@@ -2,10 +2,13 @@ package cluster
 
 import (
 	"errors"
+	"github.com/flowgate/flowgate/flowcontrol"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"github.com/flowgate/flowgate/examples/internal/workload"
 )
@@ -36,12 +39,22 @@ func checkInvariants(t *testing.T, s *sim) {
 	}
 	total := uint64(0)
 	for _, g := range s.gws {
-		st := g.d.Stats()
-		for _, b := range st.Bands {
-			require.Zero(t, b.Queued)
-			require.Zero(t, b.Dropped())
-			require.Zero(t, b.Rejected)
-			total += b.Dispatched
+		switch {
+		case g.d != nil:
+			for _, b := range g.d.Stats().Bands {
+				require.Zero(t, b.Queued)
+				require.Zero(t, b.Dropped())
+				require.Zero(t, b.Rejected)
+				total += b.Dispatched
+			}
+		case g.l != nil:
+			for _, b := range g.l.Stats().Bands {
+				require.Zero(t, b.Queued)
+				require.Zero(t, b.Expired+b.Cancelled+b.Rejected)
+				total += b.Dispatched
+			}
+		default:
+			total += uint64(g.direct)
 		}
 		for r := range g.inflight {
 			require.Zero(t, g.inflight[r], "in-flight count returns to 0")
@@ -60,6 +73,11 @@ func TestShortRunInvariants(t *testing.T) {
 		short(workload.Codegen, 16, SoftReflective),
 		short(workload.Codegen, 24, Static),
 		short(workload.Chat, 80, SoftReflective),
+		short(workload.Codegen, 24, None),
+		short(workload.Codegen, 24, LLMDStatic),
+		short(workload.Codegen, 24, LLMDSoftReflective),
+		short(workload.Reasoning, 1.2, LLMDSoftReflective),
+		short(workload.Codegen, 16, Floor),
 	} {
 		s, err := run(c)
 		require.NoError(t, err)
@@ -74,6 +92,76 @@ func TestShortRunInvariants(t *testing.T) {
 	for _, g := range s.gws {
 		require.NotZero(t, g.d.Stats().Bands[0].Dispatched+g.d.Stats().Bands[1].Dispatched, "each gateway carries traffic")
 	}
+	// The floor is the same critical arrivals, without the sheddable ones.
+	full, err := run(short(workload.Codegen, 16, None))
+	require.NoError(t, err)
+	floor, err := run(short(workload.Codegen, 16, Floor))
+	require.NoError(t, err)
+	var fullCrit []int64
+	for _, q := range full.reqs {
+		if q.critical {
+			fullCrit = append(fullCrit, q.arrive)
+		}
+	}
+	var floorArr []int64
+	for _, q := range floor.reqs {
+		require.True(t, q.critical)
+		floorArr = append(floorArr, q.arrive)
+	}
+	require.Equal(t, fullCrit, floorArr)
+}
+
+// TestClientTimeouts: with clients that give up, every request ends exactly once
+// (completed, or timed out — in the gateway queue or at a replica, which frees its KV
+// blocks), and no completion took longer than the timeout.
+func TestClientTimeouts(t *testing.T) {
+	for _, pol := range []string{None, LLMDStatic, LLMDSoftReflective, Static, SoftReflective} {
+		c := short(workload.Codegen, 24, pol)
+		c.Credit = false
+		c.ClientTimeout = 4 * time.Second
+		s, err := run(c)
+		require.NoError(t, err)
+		res := s.result()
+		timeouts := res.Critical.Timeouts + res.Sheddable.Timeouts
+		require.NotZero(t, timeouts, pol)
+		require.Equal(t, len(s.reqs), res.Critical.Completed+res.Sheddable.Completed+timeouts, pol)
+		require.Zero(t, res.Unfinished)
+		for i := range s.reqs {
+			q := &s.reqs[i]
+			require.NotEqual(t, q.timedOut, q.done >= 0, "request %d: completed xor timed out", i)
+			if q.done >= 0 {
+				require.LessOrEqual(t, q.done-q.arrive, int64(c.ClientTimeout))
+			}
+		}
+		for _, r := range s.replicas {
+			require.False(t, r.HasWork(), pol)
+			require.Equal(t, r.Config().TotalBlocks, r.FreeBlocks(), "%s: aborted requests freed their blocks", pol)
+		}
+		for _, g := range s.gws {
+			for r := range g.inflight {
+				require.Zero(t, g.inflight[r])
+			}
+			if g.d != nil {
+				for _, b := range g.d.Stats().Bands {
+					require.Zero(t, b.Queued)
+				}
+			}
+		}
+		require.InDelta(t, res.TotalGoodput, float64(res.Critical.Completed+res.Sheddable.Completed)/c.Duration.Seconds(), 1e-9)
+	}
+}
+
+// TestBackendPriorityHelpsCritical: with vLLM's priority scheduling and no gateway flow
+// control, critical requests overtake sheddable ones in the replicas' queues.
+func TestBackendPriorityHelpsCritical(t *testing.T) {
+	c := short(workload.Codegen, 24, None)
+	fcfs, err := Run(c)
+	require.NoError(t, err)
+	c.BackendPriority = true
+	prio, err := Run(c)
+	require.NoError(t, err)
+	require.Less(t, prio.Critical.TTFTp99, fcfs.Critical.TTFTp99)
+	require.Greater(t, prio.Sheddable.TTFTp99, prio.Critical.TTFTp99)
 }
 
 func TestSameSeedSameResult(t *testing.T) {
@@ -93,11 +181,45 @@ func TestSameSeedSameResult(t *testing.T) {
 // release (and replays them when an input changes) with one that runs every tick: the
 // results must be identical.
 func TestTickSkippingIsExact(t *testing.T) {
-	for _, c := range []Config{
-		short(workload.Codegen, 16, SoftReflective),
-		short(workload.Codegen, 24, Static),
-		short(workload.Chat, 20, SoftReflective),
-	} {
+	var cs []Config
+	for _, gws := range []int{1, 2, 4} {
+		for _, c := range []Config{
+			short(workload.Codegen, 16, SoftReflective),
+			short(workload.Codegen, 24, Static),
+			short(workload.Chat, 20, SoftReflective),
+			short(workload.Codegen, 24, LLMDStatic),
+			short(workload.Codegen, 16, LLMDSoftReflective),
+			short(workload.Reasoning, 1.2, LLMDSoftReflective),
+		} {
+			c.Gateways = gws
+			c.ClientTimeout = 10 * time.Second
+			cs = append(cs, c)
+		}
+		if gws > 1 {
+			// A shared in-flight view: exact, or synced every 5 ms.
+			for _, exact := range []bool{true, false} {
+				c := short(workload.Codegen, 16, SoftReflective)
+				c.Gateways = gws
+				c.ClientTimeout = 10 * time.Second
+				c.SharedInFlightExact, c.SharedInFlight = exact, 5*time.Millisecond
+				cs = append(cs, c)
+			}
+		}
+		// Paced gated bands: skipped ticks may hold floor
+		// opportunities, completions and readings come as events.
+		for _, p := range []flowcontrol.Pacing{
+			{Completions: true, Floor: 10 * time.Millisecond},
+			{Readings: true},
+			{Floor: 7 * time.Millisecond},
+		} {
+			c := short(workload.Codegen, 16, SoftReflective)
+			c.Gateways = gws
+			c.ClientTimeout = 10 * time.Second
+			c.Pacing, c.Burst = p, 1
+			cs = append(cs, c)
+		}
+	}
+	for _, c := range cs {
 		c.Duration = 15 * time.Second
 		c.CatchUp = 1 << 30
 		skip, err := Run(c)
@@ -106,9 +228,9 @@ func TestTickSkippingIsExact(t *testing.T) {
 		every, err := Run(c)
 		require.NoError(t, err)
 		// The mean saturation is summed in a different order (n·s at once vs s n times).
-		require.InDelta(t, every.MeanSaturation, skip.MeanSaturation, 1e-9)
+		require.InDelta(t, every.MeanSaturation, skip.MeanSaturation, 1e-9, "%s@%g %s, %d gateways, pacing %+v, shared %v/%v", c.Workload.Name, c.QPS, c.Policy, c.Gateways, c.Pacing, c.SharedInFlight, c.SharedInFlightExact)
 		every.MeanSaturation = skip.MeanSaturation
-		require.Equal(t, every, skip, "%s@%g %s", c.Workload.Name, c.QPS, c.Policy)
+		require.Equal(t, every, skip, "%s@%g %s, %d gateways, pacing %+v, shared %v/%v", c.Workload.Name, c.QPS, c.Policy, c.Gateways, c.Pacing, c.SharedInFlight, c.SharedInFlightExact)
 	}
 }
 
@@ -183,4 +305,36 @@ func TestCatchUpCapDoesNotChangeResults(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, all, capped)
 	}
+}
+
+// TestEventHeapOrder: the heap pops events in compareEvents order (time, kind, index,
+// sequence), whatever the push order.
+func TestEventHeapOrder(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var h eventHeap
+		var all []event
+		for i := range rapid.IntRange(0, 200).Draw(t, "n") {
+			e := event{at: rapid.Int64Range(0, 5).Draw(t, "at"), seq: uint64(i),
+				kind: evKind(rapid.IntRange(0, int(evKick)).Draw(t, "kind")), idx: int32(rapid.IntRange(0, 3).Draw(t, "idx"))}
+			h.push(e)
+			all = append(all, e)
+			if rapid.Bool().Draw(t, "pop") && !h.empty() {
+				got := h.pop()
+				min := slices.MinFunc(all, compareEvents)
+				if got != min {
+					t.Fatalf("popped %+v, want %+v", got, min)
+				}
+				all = slices.DeleteFunc(all, func(x event) bool { return x == got })
+			}
+		}
+		slices.SortFunc(all, compareEvents)
+		for _, want := range all {
+			if got := h.pop(); got != want {
+				t.Fatalf("popped %+v, want %+v", got, want)
+			}
+		}
+		if !h.empty() {
+			t.Fatal("heap not empty")
+		}
+	})
 }

@@ -50,3 +50,36 @@ func (d *deque) appendTo(dst []*Request) []*Request {
 	}
 	return dst
 }
+
+// at returns the i-th request from the front.
+func (d *deque) at(i int) *Request { return d.buf[(d.head+i)%len(d.buf)] }
+
+// set stores q as the i-th request from the front.
+func (d *deque) set(i int, q *Request) { d.buf[(d.head+i)%len(d.buf)] = q }
+
+// insertSorted inserts q after every request that does not go after it (less(q, x)
+// false), scanning from the back: arrivals usually belong near the back.
+func (d *deque) insertSorted(q *Request, less func(a, b *Request) bool) {
+	d.pushBack(q)
+	i := d.n - 1
+	for ; i > 0 && less(q, d.at(i-1)); i-- {
+		d.set(i, d.at(i-1))
+	}
+	d.set(i, q)
+}
+
+// remove deletes q from the deque, keeping the order; it reports whether q was there.
+func (d *deque) remove(q *Request) bool {
+	for i := 0; i < d.n; i++ {
+		if d.at(i) != q {
+			continue
+		}
+		for ; i < d.n-1; i++ {
+			d.set(i, d.at(i+1))
+		}
+		d.set(d.n-1, nil)
+		d.n--
+		return true
+	}
+	return false
+}

@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 )
 
@@ -11,6 +12,12 @@ type Request struct {
 	ID     uint64 // caller's identifier, echoed in events
 	Input  int    // prompt tokens (>= 1)
 	Output int    // tokens to generate (>= 1)
+	// Priority is vLLM's request priority (lower is more urgent); it matters only
+	// with Config.PriorityScheduling.
+	Priority int
+
+	seq     uint64 // arrival order at this replica (set by Add)
+	aborted bool   // Abort was called during the step that schedules it
 
 	computed    int // tokens whose KV is in the cache (reset to 0 by a preemption)
 	generated   int // output tokens sampled so far (kept across a preemption)
@@ -66,6 +73,17 @@ type Batch struct {
 	ContextTokens int // KV tokens attention reads: Σ (computed before + scheduled)
 }
 
+// add counts request q scheduled for n tokens in the batch.
+func (b *Batch) add(q *Request, n int) {
+	b.Requests++
+	if n == 1 && q.generated > 0 && q.computed == q.known()-1 {
+		b.DecodeTokens++
+	} else {
+		b.PrefillTokens += n
+	}
+	b.ContextTokens += q.computed + n
+}
+
 type scheduled struct {
 	req    *Request
 	tokens int
@@ -90,6 +108,8 @@ type Replica struct {
 	last    Batch
 	metrics Metrics
 	steps   uint64
+	seq     uint64
+	shift   int // log2(BlockSize) when it is a power of two, else -1
 }
 
 // New returns an idle replica with an empty KV cache.
@@ -97,13 +117,20 @@ func New(cfg Config) (*Replica, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Replica{cfg: cfg, free: cfg.TotalBlocks}, nil
+	r := &Replica{cfg: cfg, free: cfg.TotalBlocks, shift: -1}
+	if bs := cfg.BlockSize; bs&(bs-1) == 0 {
+		r.shift = bits.TrailingZeros(uint(bs))
+	}
+	return r, nil
 }
 
 // Config returns the replica's configuration.
 func (r *Replica) Config() Config { return r.cfg }
 
 func (r *Replica) blocksFor(tokens int) int {
+	if r.shift >= 0 {
+		return (tokens + r.cfg.BlockSize - 1) >> r.shift
+	}
 	return (tokens + r.cfg.BlockSize - 1) / r.cfg.BlockSize
 }
 
@@ -124,9 +151,59 @@ func (r *Replica) Add(q *Request) error {
 		// The last sampled token is never computed, so a sequence caches Input+Output−1.
 		return fmt.Errorf("%w: Input+Output %d needs more than the %d KV blocks", ErrInvalidRequest, q.Input+q.Output, r.cfg.TotalBlocks)
 	}
-	q.computed, q.generated, q.blocks, q.Preemptions = 0, 0, 0, 0
-	r.waiting.pushBack(q)
+	q.computed, q.generated, q.blocks, q.Preemptions, q.aborted = 0, 0, 0, 0, false
+	r.seq++
+	q.seq = r.seq
+	r.enqueueWaiting(q, false)
 	return nil
+}
+
+// before reports whether a goes before b in the priority policy's order.
+func before(a, b *Request) bool {
+	return a.Priority < b.Priority || a.Priority == b.Priority && a.seq < b.seq
+}
+
+// enqueueWaiting puts q into the waiting queue: FCFS at the back (front for a
+// preempted request), or in (Priority, arrival) order under PriorityScheduling.
+func (r *Replica) enqueueWaiting(q *Request, preempted bool) {
+	if !r.cfg.PriorityScheduling {
+		if preempted {
+			r.waiting.pushFront(q)
+		} else {
+			r.waiting.pushBack(q)
+		}
+		return
+	}
+	r.waiting.insertSorted(q, before)
+}
+
+// Abort removes q wherever it is in the replica (the client gave up): from the
+// waiting queue or the running set, freeing its KV blocks. A request in the step in
+// progress leaves at Finish, with no events. It reports whether q was in the replica.
+func (r *Replica) Abort(q *Request) bool {
+	if r.waiting.remove(q) {
+		return true
+	}
+	for i, v := range r.running {
+		if v != q {
+			continue
+		}
+		if r.inStep {
+			for _, s := range r.batch {
+				if s.req == q {
+					q.aborted = true
+					return true
+				}
+			}
+		}
+		copy(r.running[i:], r.running[i+1:])
+		r.running[len(r.running)-1] = nil
+		r.running = r.running[:len(r.running)-1]
+		r.free += q.blocks
+		q.blocks = 0
+		return true
+	}
+	return false
 }
 
 // HasWork reports whether a step would schedule anything (a request waits or runs).
@@ -164,16 +241,27 @@ func (r *Replica) Running() []*Request { return r.running }
 // Waiting returns the waiting requests, front first, appended to dst.
 func (r *Replica) Waiting(dst []*Request) []*Request { return r.waiting.appendTo(dst) }
 
-// preemptNewest evicts the most recently admitted running request: its blocks are freed,
-// its progress is reset (recompute) and it goes to the front of the waiting queue.
-func (r *Replica) preemptNewest() *Request {
-	v := r.running[len(r.running)-1]
+// preempt evicts a running request: under FCFS the most recently admitted one, under
+// PriorityScheduling the one with the largest (Priority, arrival) among running[from:]
+// (those not yet scheduled in this step). Its blocks are freed, its progress is reset
+// (recompute) and it goes back to the waiting queue (the front, under FCFS).
+func (r *Replica) preempt(from int) *Request {
+	j := len(r.running) - 1
+	if r.cfg.PriorityScheduling {
+		for k := from; k < len(r.running); k++ {
+			if before(r.running[j], r.running[k]) {
+				j = k
+			}
+		}
+	}
+	v := r.running[j]
+	copy(r.running[j:], r.running[j+1:])
 	r.running[len(r.running)-1] = nil
 	r.running = r.running[:len(r.running)-1]
 	r.free += v.blocks
 	v.blocks, v.computed = 0, 0
 	v.Preemptions++
-	r.waiting.pushFront(v)
+	r.enqueueWaiting(v, true)
 	return v
 }
 
@@ -195,6 +283,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 	r.batch = r.batch[:0]
 	budget := r.cfg.MaxBatchedTokens
 	preempted := false
+	var b Batch
 	for i := 0; i < len(r.running) && budget > 0; {
 		q := r.running[i]
 		n := min(q.known()-q.computed, budget)
@@ -205,7 +294,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 				q.blocks += need
 				break
 			}
-			v := r.preemptNewest()
+			v := r.preempt(i)
 			preempted = true
 			dst = append(dst, Event{Kind: Preempted, Req: v})
 			if v == q {
@@ -213,9 +302,12 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			}
 		}
 		if i >= len(r.running) || r.running[i] != q {
-			break // q preempted itself: it was the newest, nothing after it remains
+			// q preempted itself (under FCFS it was the newest, so nothing follows;
+			// under PriorityScheduling the next running request is now at i).
+			continue
 		}
 		r.batch = append(r.batch, scheduled{q, n})
+		b.add(q, n)
 		budget -= n
 		i++
 	}
@@ -233,6 +325,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			r.waiting.popFront()
 			r.running = append(r.running, q)
 			r.batch = append(r.batch, scheduled{q, n})
+			b.add(q, n)
 			budget -= n
 			admitted++
 		}
@@ -241,16 +334,7 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 		r.last = Batch{}
 		return 0, dst, false
 	}
-	b := Batch{Admitted: admitted}
-	for _, s := range r.batch {
-		b.Requests++
-		if s.tokens == 1 && s.req.generated > 0 && s.req.computed == s.req.known()-1 {
-			b.DecodeTokens++
-		} else {
-			b.PrefillTokens += s.tokens
-		}
-		b.ContextTokens += s.req.computed + s.tokens
-	}
+	b.Admitted = admitted
 	r.last = b
 	r.inStep = true
 	return (r.cfg.Step.Duration(b.PrefillTokens, b.DecodeTokens, b.ContextTokens, b.Admitted)), dst, true
@@ -269,6 +353,12 @@ func (r *Replica) Finish(dst []Event) []Event {
 	done := false
 	for _, s := range r.batch {
 		q := s.req
+		if q.aborted {
+			r.free += q.blocks
+			q.blocks = 0
+			done = true
+			continue
+		}
 		q.computed += s.tokens
 		if q.computed < q.known() {
 			continue // a chunk of a longer prefill
@@ -289,7 +379,7 @@ func (r *Replica) Finish(dst []Event) []Event {
 	if done {
 		keep := r.running[:0]
 		for _, q := range r.running {
-			if q.generated < q.Output {
+			if q.generated < q.Output && !q.aborted {
 				keep = append(keep, q)
 			}
 		}

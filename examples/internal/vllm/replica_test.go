@@ -357,3 +357,70 @@ func TestErrorsAreTyped(t *testing.T) {
 	_, err := New(Config{})
 	require.True(t, errors.Is(err, ErrInvalidConfig))
 }
+
+func TestPrioritySchedulingOrdersWaitingAndPreemptsLowestPriority(t *testing.T) {
+	cfg := smallConfig(10, 16, 8192, 8)
+	cfg.PriorityScheduling = true
+	r, err := New(cfg)
+	require.NoError(t, err)
+	// Waiting order is (priority, arrival): the urgent requests jump the queue.
+	lo1 := &Request{ID: 1, Input: 64, Output: 60, Priority: 1}
+	hi1 := &Request{ID: 2, Input: 64, Output: 60, Priority: 0}
+	lo2 := &Request{ID: 3, Input: 8, Output: 1, Priority: 1}
+	hi2 := &Request{ID: 4, Input: 8, Output: 1, Priority: 0}
+	for _, q := range []*Request{lo1, hi1, lo2, hi2} {
+		require.NoError(t, r.Add(q))
+	}
+	require.Equal(t, []*Request{hi1, hi2, lo1, lo2}, r.Waiting(nil))
+	// hi1 and lo1 hold 4 blocks each; as they decode the cache runs out and the victim
+	// is the lowest-priority one, lo1, although hi1 is not the newest by admission
+	// (FCFS would pick the newest).
+	var victims []*Request
+	for r.HasWork() {
+		_, evs, _ := r.Begin(nil)
+		for _, e := range evs {
+			if e.Kind == Preempted {
+				victims = append(victims, e.Req)
+				w := r.Waiting(nil)
+				for i := 1; i < len(w); i++ {
+					require.False(t, before(w[i], w[i-1]), "waiting stays in (priority, arrival) order")
+				}
+			}
+		}
+		checkBlocks(t, r, false)
+		r.Finish(nil)
+		checkBlocks(t, r, true)
+	}
+	require.NotEmpty(t, victims)
+	for _, v := range victims {
+		require.Equal(t, 1, v.Priority, "only low-priority requests are preempted while one runs")
+	}
+	require.Equal(t, 10, r.FreeBlocks())
+}
+
+func TestAbortFreesBlocksWherever(t *testing.T) {
+	r, err := New(smallConfig(20, 16, 8192, 8))
+	require.NoError(t, err)
+	a := &Request{ID: 1, Input: 64, Output: 50}
+	b := &Request{ID: 2, Input: 64, Output: 50}
+	c := &Request{ID: 3, Input: 64, Output: 50}
+	require.NoError(t, r.Add(a))
+	require.NoError(t, r.Add(b))
+	_, _, ok := r.Step(nil) // a and b run
+	require.True(t, ok)
+	require.NoError(t, r.Add(c))
+	require.True(t, r.Abort(c), "from the waiting queue")
+	require.Empty(t, r.Waiting(nil))
+	require.True(t, r.Abort(b), "from the running set, between steps")
+	require.Equal(t, []*Request{a}, r.Running())
+	checkBlocks(t, r, true)
+	_, _, ok = r.Begin(nil)
+	require.True(t, ok)
+	require.True(t, r.Abort(a), "during the step that schedules it")
+	evs := r.Finish(nil)
+	require.Empty(t, evs, "an aborted request has no events")
+	require.Empty(t, r.Running())
+	require.Equal(t, 20, r.FreeBlocks())
+	require.False(t, r.Abort(a), "no longer there")
+	require.False(t, r.HasWork())
+}

@@ -1,0 +1,235 @@
+// Command demo runs the proxy demo: two fake vLLM backends, the flowgate
+// proxy in front of them and an open-loop load generator over loopback HTTP,
+// once with the static baseline and once with soft-reflective, and prints
+// TTFT p99 side by side.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/flowgate/flowgate/examples/internal/fakevllm"
+	"github.com/flowgate/flowgate/examples/internal/gateway"
+	"github.com/flowgate/flowgate/examples/internal/vllm"
+	"github.com/flowgate/flowgate/examples/internal/workload"
+	"github.com/flowgate/flowgate/flowcontrol"
+)
+
+// DemoSpec configures one demo run (both policies).
+type DemoSpec struct {
+	Config   gateway.Config // bands, saturation settings; the policy is set per phase
+	Backends int
+	// Replica is the fake backends' model; zero: vllm.DefaultConfig().
+	Replica vllm.Config
+	Load    LoadSpec
+	// Out receives the progress line and the table; nil discards them.
+	Out io.Writer
+}
+
+// PhaseResult is one policy's run.
+type PhaseResult struct {
+	Policy string
+	Load   *LoadResult
+	Stats  flowcontrol.Stats
+	// Answers is the proxy's own count of finished gated requests, by
+	// "band code reason".
+	Answers map[string]int
+	// Lost is the largest share of the phase's wall time by which a fake
+	// backend fell behind real time (see fakevllm.Server.Lost): above a
+	// few percent the machine was too busy to run the model at speed.
+	Lost float64
+}
+
+// listen starts an HTTP server for h on a loopback port.
+func listen(h http.Handler) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return srv, "http://" + ln.Addr().String(), nil
+}
+
+// RunPhase starts fresh fake backends and a proxy with the given policy,
+// runs the load through the proxy over loopback HTTP, then shuts everything
+// down.
+func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef) (res *PhaseResult, err error) {
+	out := spec.Out
+	if out == nil {
+		out = io.Discard
+	}
+	var fakes []*fakevllm.Server
+	var servers []*http.Server
+	defer func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+		for _, f := range fakes {
+			f.Close()
+		}
+	}()
+	var urls []string
+	for range spec.Backends {
+		f, err := fakevllm.New(fakevllm.Config{SpeedUp: spec.Load.SpeedUp, Replica: spec.Replica})
+		if err != nil {
+			return nil, err
+		}
+		fakes = append(fakes, f)
+		srv, url, err := listen(f)
+		if err != nil {
+			return nil, err
+		}
+		servers = append(servers, srv)
+		urls = append(urls, url)
+	}
+	cfg := scaleConfig(spec.Config, spec.Load.SpeedUp)
+	cfg.Policy = policy
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}})
+	if err != nil {
+		return nil, err
+	}
+	p.Start()
+	psrv, purl, err := listen(p)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	client := &http.Client{Transport: &http.Transport{
+		MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, DisableCompression: true,
+	}}
+	defer client.CloseIdleConnections()
+
+	name := policy.Type
+	progress := func(sent, finished int) {
+		st := p.Controller().Stats()
+		queued := 0
+		for _, b := range st.Bands {
+			queued += b.Queued
+		}
+		fmt.Fprintf(out, "\r  %-32s sent %5d  finished %5d  queued %4d  in flight %v  saturation %5.2f ",
+			name, sent, finished, queued, p.InFlight(), st.Saturation)
+	}
+	load, err := RunLoad(ctx, client, purl+"/v1/completions", spec.Load, progress)
+	fmt.Fprintln(out)
+	// Graceful: stop accepting, answer what is queued, let the rest finish.
+	p.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_ = psrv.Shutdown(sctx)
+	cancel()
+	p.Close()
+	if err != nil {
+		return nil, err
+	}
+	res = &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers()}
+	for _, f := range fakes {
+		res.Lost = max(res.Lost, f.Lost().Seconds()/load.Wall.Seconds())
+	}
+	return res, nil
+}
+
+// scaleConfig divides the proxy's time settings by the speed-up: the fake
+// backends run the model SpeedUp× faster than the hardware it models, so a
+// 50 ms scrape interval would be SpeedUp× staler, in model time, than a real
+// gateway's. Scaled, the gateway sees the backends as a real one would see
+// real servers. The bands are copied (the caller's Config is not modified).
+func scaleConfig(cfg gateway.Config, speedUp float64) gateway.Config {
+	if speedUp <= 1 {
+		return cfg
+	}
+	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speedUp) }
+	cfg.Bands = append([]gateway.Band(nil), cfg.Bands...)
+	for i := range cfg.Bands {
+		cfg.Bands[i].MaxWait = scale(cfg.Bands[i].MaxWait)
+	}
+	tick := cfg.Tick
+	if tick == 0 {
+		tick = flowcontrol.DefaultTick
+	}
+	cfg.Tick = max(scale(tick), 50*time.Microsecond)
+	cfg.Saturation.ScrapeInterval = max(scale(cfg.Saturation.ScrapeInterval), time.Millisecond)
+	cfg.Saturation.MetricsStalenessThreshold = max(scale(cfg.Saturation.MetricsStalenessThreshold), 4*cfg.Saturation.ScrapeInterval)
+	return cfg
+}
+
+// RunDemo runs the static baseline, then soft-reflective, and prints the
+// table.
+func RunDemo(ctx context.Context, spec DemoSpec) ([]*PhaseResult, error) {
+	out := spec.Out
+	if out == nil {
+		out = io.Discard
+	}
+	fmt.Fprintf(out, "flowgate proxy demo: %d fake vLLM backends (Qwen3-14B/H100 model at %gx speed), %s load at %g QPS (model time; %g req/s wall), %.0f%% critical, %v per policy\n",
+		spec.Backends, spec.Load.SpeedUp, spec.Load.Workload.Name, spec.Load.QPS, spec.Load.QPS*spec.Load.SpeedUp,
+		100*spec.Load.Workload.CriticalShare, spec.Load.Duration)
+	var results []*PhaseResult
+	for _, pol := range []gateway.PolicyRef{
+		{Type: flowcontrol.StaticPolicyName, Threshold: 1.0},
+		{Type: flowcontrol.SoftReflectivePolicyName},
+	} {
+		r, err := RunPhase(ctx, spec, pol)
+		if err != nil {
+			return results, err
+		}
+		results = append(results, r)
+	}
+	printTable(out, spec, results)
+	return results, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+
+func printTable(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
+	if len(rs) != 2 {
+		return
+	}
+	s, f := rs[0].Load, rs[1].Load
+	change := func(a, b time.Duration) string {
+		if a == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%+.1f %%", 100*(float64(b)-float64(a))/float64(a))
+	}
+	fmt.Fprintf(out, "\nTTFT measured by the HTTP client over loopback (wall clock; ×%g = model time)\n\n", spec.Load.SpeedUp)
+	fmt.Fprintf(out, "| metric | static (threshold 1.0) | soft-reflective | change |\n| --- | --- | --- | --- |\n")
+	row := func(name string, q float64, a, b []time.Duration) {
+		if len(a) == 0 && len(b) == 0 {
+			return // not measured (sheddable sent without streaming)
+		}
+		x, y := quantile(a, q), quantile(b, q)
+		fmt.Fprintf(out, "| %s | %s | %s | %s |\n", name, ms(x), ms(y), change(x, y))
+	}
+	row("critical TTFT p50", 0.5, s.Critical.TTFT, f.Critical.TTFT)
+	row("critical TTFT p99", 0.99, s.Critical.TTFT, f.Critical.TTFT)
+	row("sheddable TTFT p50", 0.5, s.Sheddable.TTFT, f.Sheddable.TTFT)
+	row("sheddable TTFT p99", 0.99, s.Sheddable.TTFT, f.Sheddable.TTFT)
+	row("critical E2E p99", 0.99, s.Critical.E2E, f.Critical.E2E)
+	row("sheddable E2E p99", 0.99, s.Sheddable.E2E, f.Sheddable.E2E)
+	fmt.Fprintln(out)
+	for _, r := range rs {
+		fmt.Fprintf(out, "%s: critical: %s; sheddable: %s; %.1fs wall", r.Policy, r.Load.Critical.summary(), r.Load.Sheddable.summary(), r.Load.Wall.Seconds())
+		if r.Lost > 0.02 {
+			fmt.Fprintf(out, " (WARNING: a backend fell %.0f %% behind real time: the machine is too busy for this speed-up)", 100*r.Lost)
+		}
+		fmt.Fprintln(out)
+	}
+}
+
+// demoLoad is the default demo load: the published codegen point, 16 QPS,
+// where the calibrated two-replica pool is at its capacity (the simulator
+// overloads there, as the hardware did).
+func demoLoad() LoadSpec {
+	return LoadSpec{
+		Workload: workload.Codegen,
+		QPS:      16,
+		SpeedUp:  4,
+		Duration: 20 * time.Second,
+		CV:       workload.DefaultCV,
+		Seed:     1,
+		Drain:    30 * time.Second,
+	}
+}

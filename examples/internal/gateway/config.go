@@ -1,0 +1,877 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/saturation"
+)
+
+// The YAML file the proxy reads with -config. Its shape follows llm-d's
+// flowControl and saturationDetector sections, so that a user of the
+// reference gateway recognises it:
+//
+//	plugins:
+//	  - name: baseline
+//	    type: static-usage-limit-policy
+//	    parameters: {threshold: 1.0}
+//	flowControl:
+//	  usageLimitPolicyPluginRef: soft-reflective-ceiling-policy
+//	  priorityBands:
+//	    - {name: critical,  priority: 100, capacity: 1024, maxWait: 30s}
+//	    - {name: sheddable, priority: 0,   capacity: 4096, maxWait: 120s}
+//	  defaultPriorityBand: sheddable
+//	  objectives: {critical: critical, sheddable: sheddable}
+//	saturationDetector:
+//	  queueDepthThreshold: 5
+//	  kvCacheUtilThreshold: 0.8
+//	  metricsStalenessThreshold: 200ms
+//	  scrapeInterval: 50ms
+//	  inFlightCredit: true
+//
+// Band priorities follow the Gateway API Inference Extension convention
+// (InferenceObjective.priority: higher is more important): bands are sorted by
+// descending priority, so the highest becomes band 0, the one that is never
+// gated. usageLimitPolicyPluginRef names either a plugin declared under
+// plugins (by its name) or a registered policy type directly, with its default
+// parameters.
+
+// fileConfig is the document as written; every field is optional. It is
+// llm-d's EndpointPickerConfig: the sections flowgate has no use for
+// (scheduling, the data layer, the parser, feature gates) are accepted and
+// ignored with a warning; plugins of types flowgate does not implement too.
+type fileConfig struct {
+	APIVersion         string                 `yaml:"apiVersion"`
+	Kind               string                 `yaml:"kind"`
+	Plugins            []filePlugin           `yaml:"plugins"`
+	FlowControl        fileFlowControl        `yaml:"flowControl"`
+	SaturationDetector fileSaturationDetector `yaml:"saturationDetector"`
+
+	FeatureGates       yaml.Node `yaml:"featureGates"`
+	SchedulingProfiles yaml.Node `yaml:"schedulingProfiles"`
+	Data               yaml.Node `yaml:"data"`
+	Parser             yaml.Node `yaml:"parser"`
+	RequestControl     yaml.Node `yaml:"requestControl"`
+}
+
+type filePlugin struct {
+	Name       string    `yaml:"name"`
+	Type       string    `yaml:"type"`
+	Parameters yaml.Node `yaml:"parameters"` // read by type
+}
+
+type fileFlowControl struct {
+	UsageLimitPolicyPluginRef string     `yaml:"usageLimitPolicyPluginRef"`
+	PriorityBands             []fileBand `yaml:"priorityBands"`
+	// DefaultPriorityBand is a band's name (flowgate: the band of
+	// requests nothing else places) or llm-d's band template (the
+	// defaults of bands that do not set maxRequests/maxBytes).
+	DefaultPriorityBand yaml.Node         `yaml:"defaultPriorityBand"`
+	Objectives          map[string]string `yaml:"objectives"`
+	Tick                *time.Duration    `yaml:"tick"`
+	Burst               *int              `yaml:"burst"`
+	// llm-d: a band's default max wait, and global limits (flowgate
+	// applies them per band: no band exceeds them).
+	DefaultRequestTTL  *time.Duration `yaml:"defaultRequestTTL"`
+	MaxRequests        yaml.Node      `yaml:"maxRequests"`
+	MaxBytes           yaml.Node      `yaml:"maxBytes"`
+	SaturationDetector *struct {
+		PluginRef string `yaml:"pluginRef"`
+	} `yaml:"saturationDetector"`
+	// BodyPriority: what the proxy does with vLLM's body field
+	// "priority": keep (classify by it, forward it), strip (classify by
+	// it, remove it before forwarding: vLLM refuses a non-zero priority
+	// unless run with --scheduling-policy priority) or ignore.
+	BodyPriority string `yaml:"bodyPriority"`
+}
+
+type fileBand struct {
+	Name     string         `yaml:"name"`
+	Priority *int           `yaml:"priority"`
+	Capacity *int           `yaml:"capacity"`
+	MaxWait  *time.Duration `yaml:"maxWait"`
+	// llm-d's names: maxRequests is capacity (a quantity such as "500"
+	// or "1k"), maxBytes the byte budget ("512Mi", "1Gi", bytes).
+	MaxRequests       yaml.Node `yaml:"maxRequests"`
+	MaxBytes          yaml.Node `yaml:"maxBytes"`
+	FairnessPolicyRef string    `yaml:"fairnessPolicyRef"`
+	OrderingPolicyRef string    `yaml:"orderingPolicyRef"`
+}
+
+type fileSaturationDetector struct {
+	QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
+	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
+	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
+	ScrapeInterval            *time.Duration `yaml:"scrapeInterval"`
+	InFlightCredit            *bool          `yaml:"inFlightCredit"`
+	// Engine picks the metric names the poller reads: vllm (default) or
+	// sglang.
+	Engine string `yaml:"engine"`
+}
+
+// Policy type names, as registered in flowcontrol's policy registry.
+const (
+	policyStatic         = "static-usage-limit-policy"
+	policySoftReflective = "soft-reflective-ceiling-policy"
+)
+
+// Limits of a configuration: every band's queue is allocated at start, so
+// the total is bounded (a ring slot is 16 bytes, a waiting request ~3 KB).
+const (
+	MaxBandCapacity  = 1 << 22 // waiting requests one band holds
+	MaxTotalCapacity = 1 << 22 // ... all bands together
+	// DefaultBandBytes is a band's byte budget when the file sets none
+	// (llm-d's default: 1 GB).
+	DefaultBandBytes = 1 << 30
+	// defaultBandCapacity is a band's capacity when the file sets none.
+	defaultBandCapacity = 1024
+)
+
+// Body priority handling (Config.BodyPriority).
+const (
+	BodyPriorityKeep   = "keep"   // classify by it, forward it unchanged (default)
+	BodyPriorityStrip  = "strip"  // classify by it, remove it from the forwarded body
+	BodyPriorityIgnore = "ignore" // do not classify by it; forward it unchanged
+)
+
+// Band is one priority band after validation, in band order (0 first).
+type Band struct {
+	Name     string
+	Priority int
+	Capacity int
+	MaxWait  time.Duration // 0: no limit
+	MaxBytes int64         // byte budget of the band's waiting bodies; 0: none
+}
+
+// PolicyRef is the selected usage-limit policy: a registry type name and its
+// parameters.
+type PolicyRef struct {
+	Type      string
+	Threshold float64 // static-usage-limit-policy only
+}
+
+// SaturationConfig configures the metrics poller.
+type SaturationConfig struct {
+	QueueDepthThreshold       float64
+	KVCacheUtilThreshold      float64
+	MetricsStalenessThreshold time.Duration
+	ScrapeInterval            time.Duration
+	// InFlightCredit counts requests the proxy has forwarded to a pod but
+	// that its last scrape does not show yet (in-flight − (waiting +
+	// running), if positive) as waiting on that pod.
+	InFlightCredit bool
+	// Engine is the backends' kind, which names their metrics: "vllm"
+	// (default) or "sglang".
+	Engine string
+}
+
+// Config is the validated proxy configuration.
+type Config struct {
+	Bands       []Band
+	Policy      PolicyRef
+	DefaultBand int
+	// Objectives maps the x-gateway-inference-objective header value to a band.
+	Objectives map[string]int
+	Tick       time.Duration // 0: flowcontrol's default
+	Burst      int           // 0: flowcontrol's default
+	Saturation SaturationConfig
+	// BodyPriority is BodyPriorityKeep, BodyPriorityStrip or
+	// BodyPriorityIgnore ("" reads as keep).
+	BodyPriority string
+	// Warnings lists what the file held that the proxy ignores (llm-d
+	// sections and plugins flowgate has no use for); the proxy logs them.
+	Warnings []string
+}
+
+// DefaultConfig is what the proxy runs with when no -config is given: two
+// bands (critical, sheddable), the soft-reflective policy, and the reference
+// gateway's saturation thresholds (CALIBRATION.md).
+func DefaultConfig() Config {
+	return Config{
+		Bands: []Band{
+			{Name: "critical", Priority: 100, Capacity: 1024, MaxWait: 30 * time.Second, MaxBytes: DefaultBandBytes},
+			{Name: "sheddable", Priority: 0, Capacity: 4096, MaxWait: 120 * time.Second, MaxBytes: DefaultBandBytes},
+		},
+		Policy:      PolicyRef{Type: policySoftReflective},
+		DefaultBand: 1,
+		Objectives:  map[string]int{"critical": 0, "sheddable": 1},
+		Saturation: SaturationConfig{
+			QueueDepthThreshold:       5,
+			KVCacheUtilThreshold:      0.8,
+			MetricsStalenessThreshold: 200 * time.Millisecond,
+			ScrapeInterval:            50 * time.Millisecond,
+			// On: the poller sees a forwarded request at once rather
+			// than a scrape later. The demo turns it off to compare
+			// the policies as the published experiment did.
+			InFlightCredit: true,
+			Engine:         EngineVLLM,
+		},
+		BodyPriority: BodyPriorityKeep,
+	}
+}
+
+// Backend kinds (SaturationConfig.Engine).
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+)
+
+// maxConfigBytes bounds the file read: a configuration is a few hundred bytes.
+const maxConfigBytes = 1 << 20
+
+// ParseConfig reads and validates a YAML configuration. Decoding is strict:
+// an unknown field, a duplicate key or a value of the wrong type is an error
+// naming the field's path and its line; a semantic error names the field's
+// path (and its line when the field was written).
+func ParseConfig(r io.Reader) (Config, error) {
+	data, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
+	if err != nil {
+		return Config{}, fmt.Errorf("proxy: config: %w", err)
+	}
+	if len(data) > maxConfigBytes {
+		return Config{}, fmt.Errorf("proxy: config: larger than %d bytes", maxConfigBytes)
+	}
+	// The node tree maps error lines to field paths and paths to lines.
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return Config{}, fmt.Errorf("proxy: config: %w", err)
+	}
+	var fc fileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, describeDecodeError(err, &root)
+	}
+	// A second document would be silently ignored: refuse it.
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return Config{}, errors.New("proxy: config: more than one YAML document")
+	}
+	return fc.resolve(&root)
+}
+
+var (
+	lineRe      = regexp.MustCompile(`^line (\d+): (.*)$`)
+	notFoundRe  = regexp.MustCompile(`^field (\S+) not found in type`)
+	badValueRe  = regexp.MustCompile("^cannot unmarshal \\S+(?: `([^`]*)`)? into")
+	durationTok = "time.Duration"
+)
+
+// describeDecodeError rewrites yaml's "line N: ..." messages so that each
+// names the field path it is about.
+func describeDecodeError(err error, root *yaml.Node) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("proxy: config: %w", err)
+	}
+	msgs := make([]string, 0, len(te.Errors))
+	for _, e := range te.Errors {
+		m := lineRe.FindStringSubmatch(e)
+		if m == nil {
+			msgs = append(msgs, e)
+			continue
+		}
+		line, _ := strconv.Atoi(m[1])
+		rest := m[2]
+		path := ""
+		switch {
+		case notFoundRe.MatchString(rest):
+			key := notFoundRe.FindStringSubmatch(rest)[1]
+			path = findPath(root, func(k, _ *yaml.Node) bool { return k.Line == line && k.Value == key })
+			rest = "unknown field"
+		case badValueRe.MatchString(rest):
+			// yaml quotes a scalar's value (cut to 7 bytes and "..." when
+			// long); a sequence or mapping has none.
+			val := badValueRe.FindStringSubmatch(rest)[1]
+			scalar := strings.Contains(rest, "`")
+			path = findPath(root, func(_, v *yaml.Node) bool {
+				if v.Line != line || (v.Kind == yaml.ScalarNode) != scalar {
+					return false
+				}
+				return !scalar || strings.HasPrefix(v.Value, strings.TrimSuffix(val, "..."))
+			})
+			if strings.Contains(rest, durationTok) {
+				rest += ` (durations are strings such as "250ms" or "30s")`
+			}
+		}
+		if path == "" {
+			path = "?"
+		}
+		msgs = append(msgs, fmt.Sprintf("%s (line %d): %s", path, line, rest))
+	}
+	return fmt.Errorf("proxy: config: %s", strings.Join(msgs, "; "))
+}
+
+// walkYAML visits, innermost first, every mapping entry (key, value) and
+// every sequence item (key nil) below n with its dotted path
+// ("flowControl.priorityBands[1].capacity"), until visit returns true; it
+// then returns that entry's path and true.
+func walkYAML(n *yaml.Node, path string, visit func(path string, k, v *yaml.Node) bool) (string, bool) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p, ok := walkYAML(c, path, visit); ok {
+				return p, true
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			// Children first: a block mapping starts on the line of its
+			// first key, and the innermost entry is the one meant.
+			if q, ok := walkYAML(v, p, visit); ok {
+				return q, true
+			}
+			if visit(p, k, v) {
+				return p, true
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if q, ok := walkYAML(c, p, visit); ok {
+				return q, true
+			}
+			if visit(p, nil, c) {
+				return p, true
+			}
+		}
+	}
+	return "", false
+}
+
+// findPath returns the dotted path of the innermost mapping entry (key,
+// value) for which match holds, searching the whole tree; "" if none.
+func findPath(root *yaml.Node, match func(k, v *yaml.Node) bool) string {
+	p, _ := walkYAML(root, "", func(_ string, k, v *yaml.Node) bool { return k != nil && match(k, v) })
+	return p
+}
+
+// lineOf returns the line of the key (or sequence item) at a dotted path
+// such as "flowControl.priorityBands[1].capacity", or 0 when it was not
+// written.
+func lineOf(root *yaml.Node, path string) int {
+	line := 0
+	walkYAML(root, "", func(p string, k, v *yaml.Node) bool {
+		if p != path {
+			return false
+		}
+		if line = v.Line; k != nil {
+			line = k.Line
+		}
+		return true
+	})
+	return line
+}
+
+// fieldError builds a validation error naming the field and, when the field
+// was written, its line.
+func fieldError(root *yaml.Node, path, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if l := lineOf(root, path); l > 0 {
+		return fmt.Errorf("proxy: config: %s (line %d): %s", path, l, msg)
+	}
+	return fmt.Errorf("proxy: config: %s: %s", path, msg)
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// Plugin types flowgate reads beside the usage-limit policies.
+const (
+	detectorUtilization = "utilization-detector"
+	detectorConcurrency = "concurrency-detector"
+)
+
+// llm-d's default fairness and ordering policies: the only behaviour
+// flowgate has (one FIFO queue per band).
+const (
+	fairnessDefault = "global-strict-fairness-policy"
+	orderingDefault = "fcfs-ordering-policy"
+)
+
+// checkKeys refuses keys of a mapping node not in allowed, naming the field.
+func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
+	if n.Kind == 0 {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return fieldError(root, path, "must be a mapping")
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i].Value
+		if !slices.Contains(allowed, k) {
+			return fmt.Errorf("proxy: config: %s.%s (line %d): unknown field", path, k, n.Content[i].Line)
+		}
+	}
+	return nil
+}
+
+// decodeNode decodes a node into v, with decode errors naming the field.
+func decodeNode(root, n *yaml.Node, v any) error {
+	if n.Kind == 0 {
+		return nil
+	}
+	if err := n.Decode(v); err != nil {
+		return describeDecodeError(err, root)
+	}
+	return nil
+}
+
+// quantitySuffixes are Kubernetes' quantity suffixes.
+var quantitySuffixes = []struct {
+	s string
+	m float64
+}{
+	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"Pi", 1 << 50}, {"Ei", 1 << 60},
+	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18},
+}
+
+// parseQuantity reads a Kubernetes quantity as llm-d writes limits: a
+// non-negative number with an optional suffix (Ki, Mi, Gi, Ti, Pi, Ei, k,
+// M, G, T, P, E): "10Gi", "1k", "500", 1048576. The value must be a whole
+// number below 2^62.
+func parseQuantity(v string) (int64, error) {
+	num, mult := strings.TrimSpace(v), 1.0
+	for _, q := range quantitySuffixes {
+		if strings.HasSuffix(num, q.s) {
+			num, mult = strings.TrimSuffix(num, q.s), q.m
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || num == "" || strings.ContainsAny(num, "eExXpP_") || !finite(f) || f < 0 {
+		return 0, fmt.Errorf("%q is not a quantity (a number ≥ 0 with an optional suffix such as Ki, Mi, Gi, k, M)", v)
+	}
+	x := f * mult
+	if x >= 1<<62 || x != math.Trunc(x) {
+		return 0, fmt.Errorf("%q is not a whole number below 2^62", v)
+	}
+	return int64(x), nil
+}
+
+// quantityAt parses an optional quantity node at path; ok false if absent.
+func quantityAt(root, n *yaml.Node, path string) (v int64, ok bool, err error) {
+	if n.Kind == 0 {
+		return 0, false, nil
+	}
+	if n.Kind != yaml.ScalarNode {
+		return 0, false, fieldError(root, path, "must be a quantity such as 500, \"1k\" or \"10Gi\"")
+	}
+	v, err = parseQuantity(n.Value)
+	if err != nil {
+		return 0, false, fieldError(root, path, "%v", err)
+	}
+	return v, true, nil
+}
+
+// checkBandName refuses a band name that would make metrics, logs or HTTP
+// headers unreadable.
+func checkBandName(name string) error {
+	if len(name) > flowcontrol.MaxBandNameLen {
+		return fmt.Errorf("longer than %d bytes", flowcontrol.MaxBandNameLen)
+	}
+	if !utf8.ValidString(name) {
+		return errors.New("not valid UTF-8")
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) || !unicode.IsPrint(r) || r == ' ' {
+			return fmt.Errorf("holds %q: band names are printable, without spaces", r)
+		}
+	}
+	return nil
+}
+
+// resolve validates the document and fills the defaults.
+func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
+	cfg := DefaultConfig()
+	warn := func(format string, args ...any) { cfg.Warnings = append(cfg.Warnings, fmt.Sprintf(format, args...)) }
+	for name, n := range map[string]*yaml.Node{"featureGates": &fc.FeatureGates, "schedulingProfiles": &fc.SchedulingProfiles,
+		"data": &fc.Data, "parser": &fc.Parser, "requestControl": &fc.RequestControl} {
+		if n.Kind != 0 {
+			warn("%s (line %d): ignored (flowgate orders requests; it does not pick endpoints)", name, lineOf(root, name))
+		}
+	}
+	slices.Sort(cfg.Warnings) // map order is random; keep warnings stable
+
+	// Plugins: names unique; policy types checked strictly; llm-d's
+	// utilization detector read; anything else ignored with a warning.
+	plugins := map[string]PolicyRef{}
+	detectors := map[string]filePlugin{}
+	seen := map[string]bool{}
+	for i, p := range fc.Plugins {
+		path := fmt.Sprintf("plugins[%d]", i)
+		if p.Type == "" {
+			return Config{}, fieldError(root, path+".type", "required (%s or %s)", policyStatic, policySoftReflective)
+		}
+		name := p.Name
+		if name == "" {
+			name = p.Type
+		}
+		if seen[name] {
+			return Config{}, fieldError(root, path+".name", "duplicate plugin name %q", name)
+		}
+		seen[name] = true
+		ref := PolicyRef{Type: p.Type}
+		switch p.Type {
+		case policyStatic:
+			if err := checkKeys(root, &p.Parameters, path+".parameters", "threshold"); err != nil {
+				return Config{}, err
+			}
+			var params struct {
+				Threshold *float64 `yaml:"threshold"`
+			}
+			if err := decodeNode(root, &p.Parameters, &params); err != nil {
+				return Config{}, err
+			}
+			ref.Threshold = 1.0
+			if t := params.Threshold; t != nil {
+				if !finite(*t) || *t <= 0 {
+					return Config{}, fieldError(root, path+".parameters.threshold", "must be a finite number > 0, got %v", *t)
+				}
+				ref.Threshold = *t
+			}
+		case policySoftReflective:
+			if p.Parameters.Kind == yaml.MappingNode && len(p.Parameters.Content) > 0 {
+				k := p.Parameters.Content[0]
+				return Config{}, fmt.Errorf("proxy: config: %s.parameters.%s (line %d): %s takes no %s (it has no free parameter)",
+					path, k.Value, k.Line, policySoftReflective, k.Value)
+			}
+		case detectorUtilization:
+			if err := checkKeys(root, &p.Parameters, path+".parameters", "queueDepthThreshold", "kvCacheUtilThreshold",
+				"metricsStalenessThreshold", "stalenessPolicy", "headroom"); err != nil {
+				return Config{}, err
+			}
+			detectors[name] = p
+			continue
+		default:
+			warn("%s (line %d): plugin type %q ignored (flowgate implements %s, %s and %s)", path, lineOf(root, path),
+				p.Type, policyStatic, policySoftReflective, detectorUtilization)
+			continue
+		}
+		plugins[name] = ref
+	}
+
+	fcf := fc.FlowControl
+	if ref := fcf.UsageLimitPolicyPluginRef; ref != "" {
+		switch r, ok := plugins[ref]; {
+		case ok:
+			cfg.Policy = r
+		case ref == policyStatic:
+			cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
+		case ref == policySoftReflective:
+			cfg.Policy = PolicyRef{Type: policySoftReflective}
+		default:
+			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef",
+				"%q is neither a declared policy plugin nor a policy type (%s, %s)", ref, policyStatic, policySoftReflective)
+		}
+	}
+
+	// The saturation detector: llm-d's utilization-detector parameters,
+	// then flowgate's own saturationDetector section over them.
+	var det *filePlugin
+	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
+		d, ok := detectors[sdr.PluginRef]
+		if !ok {
+			return Config{}, fieldError(root, "flowControl.saturationDetector.pluginRef",
+				"%q is not a declared %s plugin (flowgate has no %s)", sdr.PluginRef, detectorUtilization, detectorConcurrency)
+		}
+		det = &d
+	} else if len(detectors) == 1 {
+		for _, d := range detectors {
+			det = &d
+		}
+	}
+	sd := fc.SaturationDetector
+	if det != nil {
+		var params struct {
+			QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
+			KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
+			MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
+			StalenessPolicy           string         `yaml:"stalenessPolicy"`
+			Headroom                  *float64       `yaml:"headroom"`
+		}
+		if err := decodeNode(root, &det.Parameters, &params); err != nil {
+			return Config{}, err
+		}
+		if params.StalenessPolicy != "" && params.StalenessPolicy != "saturated" {
+			warn("%s stalenessPolicy %q ignored: a stale pod reads saturated", detectorUtilization, params.StalenessPolicy)
+		}
+		if params.Headroom != nil && *params.Headroom != 0 {
+			warn("%s headroom %v ignored", detectorUtilization, *params.Headroom)
+		}
+		if sd.QueueDepthThreshold == nil {
+			sd.QueueDepthThreshold = params.QueueDepthThreshold
+		}
+		if sd.KVCacheUtilThreshold == nil {
+			sd.KVCacheUtilThreshold = params.KVCacheUtilThreshold
+		}
+		if sd.MetricsStalenessThreshold == nil {
+			sd.MetricsStalenessThreshold = params.MetricsStalenessThreshold
+		}
+	}
+
+	// Global limits and the band template (llm-d).
+	globalReqs, hasGlobalReqs, err := quantityAt(root, &fcf.MaxRequests, "flowControl.maxRequests")
+	if err != nil {
+		return Config{}, err
+	}
+	globalBytes, hasGlobalBytes, err := quantityAt(root, &fcf.MaxBytes, "flowControl.maxBytes")
+	if err != nil {
+		return Config{}, err
+	}
+	if hasGlobalReqs || hasGlobalBytes {
+		warn("flowControl.maxRequests/maxBytes: applied per band (no band exceeds them); flowgate has no limit shared by the bands")
+	}
+	var defaultWait *time.Duration
+	if v := fcf.DefaultRequestTTL; v != nil {
+		if *v < 0 {
+			return Config{}, fieldError(root, "flowControl.defaultRequestTTL", "must not be negative, got %v", *v)
+		}
+		defaultWait = v
+	}
+	tmplReqs, tmplBytes := int64(0), int64(0)
+	hasTmplReqs, hasTmplBytes := false, false
+	defaultBandName := ""
+	switch n := &fcf.DefaultPriorityBand; n.Kind {
+	case 0:
+	case yaml.ScalarNode:
+		defaultBandName = n.Value
+	case yaml.MappingNode:
+		path := "flowControl.defaultPriorityBand"
+		if err := checkKeys(root, n, path, "maxRequests", "maxBytes", "fairnessPolicyRef", "orderingPolicyRef"); err != nil {
+			return Config{}, err
+		}
+		var tmpl fileBand
+		if err := decodeNode(root, n, &tmpl); err != nil {
+			return Config{}, err
+		}
+		if tmplReqs, hasTmplReqs, err = quantityAt(root, &tmpl.MaxRequests, path+".maxRequests"); err != nil {
+			return Config{}, err
+		}
+		if tmplBytes, hasTmplBytes, err = quantityAt(root, &tmpl.MaxBytes, path+".maxBytes"); err != nil {
+			return Config{}, err
+		}
+	default:
+		return Config{}, fieldError(root, "flowControl.defaultPriorityBand", "must be a band name or a band template")
+	}
+
+	if fcf.PriorityBands != nil {
+		if len(fcf.PriorityBands) == 0 {
+			return Config{}, fieldError(root, "flowControl.priorityBands", "at least one band is required")
+		}
+		bands := make([]Band, 0, len(fcf.PriorityBands))
+		names := map[string]bool{}
+		prios := map[int]bool{}
+		total := 0
+		for i, b := range fcf.PriorityBands {
+			path := fmt.Sprintf("flowControl.priorityBands[%d]", i)
+			if b.Priority == nil {
+				return Config{}, fieldError(root, path+".priority", "required (higher is more important)")
+			}
+			if prios[*b.Priority] {
+				return Config{}, fieldError(root, path+".priority", "duplicate priority %d", *b.Priority)
+			}
+			prios[*b.Priority] = true
+			if b.Name == "" {
+				b.Name = fmt.Sprintf("priority%d", *b.Priority) // llm-d's bands have no name
+			}
+			if err := checkBandName(b.Name); err != nil {
+				return Config{}, fieldError(root, path+".name", "%q: %v", b.Name, err)
+			}
+			if names[b.Name] {
+				return Config{}, fieldError(root, path+".name", "duplicate band name %q", b.Name)
+			}
+			names[b.Name] = true
+			for _, ref := range []struct{ field, v, def string }{
+				{"fairnessPolicyRef", b.FairnessPolicyRef, fairnessDefault}, {"orderingPolicyRef", b.OrderingPolicyRef, orderingDefault}} {
+				if ref.v != "" && ref.v != ref.def {
+					warn("%s.%s (line %d): %q ignored: flowgate keeps one FIFO queue per band (%s)",
+						path, ref.field, lineOf(root, path+"."+ref.field), ref.v, ref.def)
+				}
+			}
+			band := Band{Name: b.Name, Priority: *b.Priority, Capacity: defaultBandCapacity, MaxBytes: DefaultBandBytes}
+			capPath := path + ".capacity"
+			reqs, hasReqs, err := quantityAt(root, &b.MaxRequests, path+".maxRequests")
+			if err != nil {
+				return Config{}, err
+			}
+			switch {
+			case b.Capacity != nil && hasReqs:
+				return Config{}, fieldError(root, path+".maxRequests", "capacity and maxRequests are one setting: give one")
+			case b.Capacity != nil:
+				reqs, hasReqs = int64(*b.Capacity), true
+			case hasReqs:
+				capPath = path + ".maxRequests"
+			case hasTmplReqs:
+				reqs, hasReqs, capPath = tmplReqs, true, "flowControl.defaultPriorityBand.maxRequests"
+			}
+			if hasGlobalReqs && (!hasReqs || reqs > globalReqs) {
+				reqs, hasReqs, capPath = globalReqs, true, "flowControl.maxRequests"
+			}
+			if hasReqs {
+				if reqs <= 0 || reqs > MaxBandCapacity {
+					return Config{}, fieldError(root, capPath, "must be in 1..%d, got %d", MaxBandCapacity, reqs)
+				}
+				band.Capacity = int(reqs)
+			}
+			total += band.Capacity
+			if total > MaxTotalCapacity {
+				return Config{}, fieldError(root, capPath, "the bands' capacities add up to more than %d waiting requests", MaxTotalCapacity)
+			}
+			bytes, hasBytes, err := quantityAt(root, &b.MaxBytes, path+".maxBytes")
+			if err != nil {
+				return Config{}, err
+			}
+			if !hasBytes && hasTmplBytes {
+				bytes, hasBytes = tmplBytes, true
+			}
+			if hasGlobalBytes && globalBytes > 0 && (!hasBytes || bytes == 0 || bytes > globalBytes) {
+				bytes, hasBytes = globalBytes, true
+			}
+			if hasBytes {
+				band.MaxBytes = bytes // 0: no budget
+			}
+			switch {
+			case b.MaxWait != nil:
+				if *b.MaxWait < 0 {
+					return Config{}, fieldError(root, path+".maxWait", "must not be negative, got %v", *b.MaxWait)
+				}
+				band.MaxWait = *b.MaxWait
+			case defaultWait != nil:
+				band.MaxWait = *defaultWait
+			}
+			bands = append(bands, band)
+		}
+		sort.SliceStable(bands, func(i, j int) bool { return bands[i].Priority > bands[j].Priority })
+		cfg.Bands = bands
+		cfg.DefaultBand = len(bands) - 1
+		cfg.Objectives = defaultObjectives(bands)
+	} else if defaultWait != nil {
+		for i := range cfg.Bands {
+			cfg.Bands[i].MaxWait = *defaultWait
+		}
+	}
+
+	bandIndex := func(path, name string) (int, error) {
+		for i, b := range cfg.Bands {
+			if b.Name == name {
+				return i, nil
+			}
+		}
+		return 0, fieldError(root, path, "no band named %q", name)
+	}
+	if defaultBandName != "" {
+		i, err := bandIndex("flowControl.defaultPriorityBand", defaultBandName)
+		if err != nil {
+			return Config{}, err
+		}
+		cfg.DefaultBand = i
+	}
+	for obj, band := range fcf.Objectives {
+		path := "flowControl.objectives." + obj
+		if obj == "" {
+			return Config{}, fieldError(root, "flowControl.objectives", "empty objective name")
+		}
+		i, err := bandIndex(path, band)
+		if err != nil {
+			return Config{}, err
+		}
+		cfg.Objectives[obj] = i
+	}
+	if fcf.Tick != nil {
+		if *fcf.Tick < flowcontrol.MinTick || *fcf.Tick > time.Second {
+			return Config{}, fieldError(root, "flowControl.tick", "must be in [%v, 1s], got %v", flowcontrol.MinTick, *fcf.Tick)
+		}
+		cfg.Tick = *fcf.Tick
+	}
+	if fcf.Burst != nil {
+		if *fcf.Burst <= 0 || *fcf.Burst > 1<<20 {
+			return Config{}, fieldError(root, "flowControl.burst", "must be in 1..%d, got %d", 1<<20, *fcf.Burst)
+		}
+		cfg.Burst = *fcf.Burst
+	}
+	switch fcf.BodyPriority {
+	case "":
+	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore:
+		cfg.BodyPriority = fcf.BodyPriority
+	default:
+		return Config{}, fieldError(root, "flowControl.bodyPriority", "must be %s, %s or %s, got %q",
+			BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, fcf.BodyPriority)
+	}
+
+	if v := sd.QueueDepthThreshold; v != nil {
+		if !finite(*v) || *v <= 0 {
+			return Config{}, fieldError(root, "saturationDetector.queueDepthThreshold", "must be a finite number > 0, got %v", *v)
+		}
+		cfg.Saturation.QueueDepthThreshold = *v
+	}
+	if v := sd.KVCacheUtilThreshold; v != nil {
+		if !finite(*v) || *v <= 0 || *v > 1 {
+			return Config{}, fieldError(root, "saturationDetector.kvCacheUtilThreshold", "must be in (0, 1], got %v", *v)
+		}
+		cfg.Saturation.KVCacheUtilThreshold = *v
+	}
+	if v := sd.MetricsStalenessThreshold; v != nil {
+		if *v < saturation.MinStaleness || *v > saturation.MaxStaleness {
+			return Config{}, fieldError(root, "saturationDetector.metricsStalenessThreshold", "must be in [%v, %v], got %v",
+				saturation.MinStaleness, saturation.MaxStaleness, *v)
+		}
+		cfg.Saturation.MetricsStalenessThreshold = *v
+	}
+	if v := sd.ScrapeInterval; v != nil {
+		if *v < saturation.MinInterval || *v > saturation.MaxInterval {
+			return Config{}, fieldError(root, "saturationDetector.scrapeInterval", "must be in [%v, %v], got %v",
+				saturation.MinInterval, saturation.MaxInterval, *v)
+		}
+		cfg.Saturation.ScrapeInterval = *v
+	}
+	if v := sd.InFlightCredit; v != nil {
+		cfg.Saturation.InFlightCredit = *v
+	}
+	switch sd.Engine {
+	case "":
+	case EngineVLLM, EngineSGLang:
+		cfg.Saturation.Engine = sd.Engine
+	default:
+		return Config{}, fieldError(root, "saturationDetector.engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
+	}
+	if cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
+		return Config{}, fieldError(root, "saturationDetector.scrapeInterval",
+			"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", cfg.Saturation.MetricsStalenessThreshold)
+	}
+	return cfg, nil
+}
+
+// defaultObjectives maps every band's own name to it, plus "critical" to
+// band 0 and "sheddable" to the last band unless a band already has that name.
+func defaultObjectives(bands []Band) map[string]int {
+	m := map[string]int{}
+	for i, b := range bands {
+		m[b.Name] = i
+	}
+	if _, ok := m["critical"]; !ok {
+		m["critical"] = 0
+	}
+	if _, ok := m["sheddable"]; !ok {
+		m["sheddable"] = len(bands) - 1
+	}
+	return m
+}

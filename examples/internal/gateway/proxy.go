@@ -1,0 +1,642 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
+	"github.com/flowgate/flowgate/saturation"
+)
+
+// Headers the proxy sets: flowhttp's.
+const (
+	// ReasonHeader says why the proxy itself answered (no model server
+	// response): one of the Reason values below. llm-d's name.
+	ReasonHeader = flowhttp.DroppedReasonHeader
+	// BandHeader carries the band the request was queued in.
+	BandHeader = flowhttp.BandHeader
+)
+
+// Reasons in ReasonHeader, with their status codes (flowhttp's, plus the
+// proxy's own no-backend and backend-error):
+//
+//	queue-full       429  the band already holds its capacity of waiting requests
+//	queue-bytes-full 429  the band's waiting bodies fill its byte budget
+//	expired          503  waited longer than the band's maxWait (x-should-retry: false)
+//	shutting-down    503  the proxy is shutting down (it was queued, or arrived late)
+//	body-too-large   413  the request body exceeds MaxBodyBytes
+//	body-timeout     408  the request body arrived slower than MinBodyRate
+//	bad-body         400  the request body could not be read
+//	no-backend       503  no backend is configured
+//	backend-error    502  the backend could not be reached or failed mid-response
+//
+// A client that goes away while queued gets no answer (there is nobody to
+// answer) and is counted as the cancelled outcome.
+const (
+	ReasonQueueFull    = flowhttp.ReasonQueueFull
+	ReasonBytesFull    = flowhttp.ReasonBytesFull
+	ReasonExpired      = flowhttp.ReasonExpired
+	ReasonShutdown     = flowhttp.ReasonShuttingDown
+	ReasonTooLarge     = flowhttp.ReasonTooLarge
+	ReasonBodyTimeout  = flowhttp.ReasonBodyTimeout
+	ReasonBadBody      = flowhttp.ReasonBadBody
+	ReasonNoBackend    = "no-backend"
+	ReasonBackendError = "backend-error"
+	ReasonCancelled    = flowhttp.ReasonCancelled // metrics only: never sent
+	ReasonForwarded    = flowhttp.ReasonForwarded // metrics only: the backend answered
+)
+
+// Options configures NewProxy.
+type Options struct {
+	Config   Config
+	Backends []string // base URLs of the model servers, e.g. http://127.0.0.1:8001
+	// MaxBodyBytes caps a gated request's body. Default 8 MiB.
+	MaxBodyBytes int64
+	// BodyGrace and MinBodyRate (bytes/s) cut a gated request's body that
+	// arrives slower than MinBodyRate after BodyGrace, with 408. Defaults
+	// 5 s and 1 KiB/s (flowhttp's); MinBodyRate < 0: no limit.
+	BodyGrace   time.Duration
+	MinBodyRate int64
+	// BackendResponseHeaderTimeout bounds the wait for a backend's
+	// response headers. Default 10 min (a non-streamed completion's
+	// headers come when it is done).
+	BackendResponseHeaderTimeout time.Duration
+	// LLMDMetrics also exports llm-d's flow-control metric names
+	// (llm_d_epp_flow_control_*; see llmd.go) beside flowgate's.
+	LLMDMetrics bool
+	// Logf logs; default log.Printf. Use a no-op in tests.
+	Logf func(format string, args ...any)
+	// OnFinish, if set, is called when a gated request is finished: its
+	// band, the status sent (0: none, the client left) and the reason
+	// ("forwarded" when the backend answered). Tests wait on it.
+	OnFinish func(band, code int, reason string)
+}
+
+type backend struct {
+	base     *url.URL
+	label    string // its base URL: the metrics label (unique, unlike host:port)
+	metrics  string // its /metrics URL, the poller's key for it
+	inflight atomic.Int64
+	failedAt atomic.Int64 // unix ns of its last failed answer (5xx or transport error); 0 = healthy
+	unusable atomic.Bool  // the poller's last verdict on its /metrics: failed, stale or never scraped
+	reason   string       // why it was unusable at the last look (watchPods only)
+	rp       *httputil.ReverseProxy
+}
+
+// ejectFor is how long a backend that just failed (a 5xx or a transport
+// error) is passed over by pick, as long as another backend is eligible.
+// Without it a backend that fails fast has the fewest requests in flight
+// and draws the most traffic.
+const ejectFor = time.Second
+
+// Proxy gates requests with a flowcontrol.Controller and forwards them to
+// the least-loaded backend. It is an http.Handler.
+type Proxy struct {
+	cfg      Config
+	logf     func(string, ...any)
+	maxBody  int64
+	ctrl     *flowcontrol.Controller
+	col      *flowmetrics.Collector
+	poller   *saturation.Poller
+	backends []*backend
+	byMetric map[string]*backend
+	gate     http.Handler // flowhttp in front of forward
+	llmd     *llmdMetrics // nil unless Options.LLMDMetrics
+	reg      *prometheus.Registry
+	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
+	rr       atomic.Uint64          // tie-breaker for backend choice
+	onFinish func(band, code int, reason string)
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started bool
+}
+
+// NewProxy builds the controller, the saturation poller and the metrics
+// registry. Start runs them.
+func NewProxy(opts Options) (*Proxy, error) {
+	cfg := opts.Config
+	if len(cfg.Bands) == 0 {
+		return nil, errors.New("proxy: Config.Bands is empty")
+	}
+	p := &Proxy{
+		cfg:      cfg,
+		logf:     opts.Logf,
+		onFinish: opts.OnFinish,
+		maxBody:  opts.MaxBodyBytes,
+		byMetric: map[string]*backend{},
+		reg:      prometheus.NewRegistry(),
+	}
+	if p.logf == nil {
+		p.logf = log.Printf
+	}
+	if p.maxBody == 0 {
+		p.maxBody = 8 << 20
+	}
+	// One transport for every backend: enough idle connections that a
+	// burst of streams does not churn them.
+	transport := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		// A backend that accepts and never answers holds the slot
+		// until this, not forever.
+		ResponseHeaderTimeout: opts.BackendResponseHeaderTimeout,
+	}
+	if transport.ResponseHeaderTimeout == 0 {
+		transport.ResponseHeaderTimeout = 10 * time.Minute
+	}
+	endpoints := make([]string, 0, len(opts.Backends))
+	for i, raw := range opts.Backends {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("proxy: backends[%d]: %q is not an http(s) base URL", i, raw)
+		}
+		b := &backend{base: u, label: u.String(), metrics: u.JoinPath("metrics").String()}
+		if _, dup := p.byMetric[b.metrics]; dup {
+			return nil, fmt.Errorf("proxy: backends[%d]: %q listed twice", i, raw)
+		}
+		b.rp = &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(b.base)
+				pr.Out.Host = b.base.Host
+			},
+			Transport: transport,
+			// FlushInterval 0: httputil flushes text/event-stream
+			// and unknown-length (chunked) answers at every write
+			// anyway, so streamed tokens are not held back; a
+			// non-streamed answer is copied without a flush per
+			// write (-1 cost ~20 % CPU there).
+			ModifyResponse: stripOwnHeaders,
+			ErrorHandler:   p.backendError,
+			ErrorLog:       log.New(io.Discard, "", 0),
+		}
+		p.backends = append(p.backends, b)
+		p.byMetric[b.metrics] = b
+		endpoints = append(endpoints, b.metrics)
+	}
+
+	sc := cfg.Saturation
+	poller, err := saturation.NewPoller(saturation.PollerConfig{
+		Endpoints: endpoints,
+		Interval:  sc.ScrapeInterval,
+		Timeout:   max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
+		Metrics:   metricNames(sc.Engine),
+		Scorer: saturation.Scorer{
+			QueueDepthThreshold: sc.QueueDepthThreshold,
+			KVUtilThreshold:     sc.KVCacheUtilThreshold,
+			Staleness:           sc.MetricsStalenessThreshold,
+			InFlightCredit:      sc.InFlightCredit,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: saturation: %w", err)
+	}
+	p.poller = poller
+
+	policy, err := flowcontrol.PolicyByName(cfg.Policy.Type, policyParams(cfg.Policy))
+	if err != nil {
+		return nil, fmt.Errorf("proxy: policy: %w", err)
+	}
+	names := make([]string, len(cfg.Bands))
+	for i, b := range cfg.Bands {
+		names[i] = b.Name
+	}
+	p.col, err = flowmetrics.New(len(cfg.Bands), flowmetrics.Options{BandNames: names})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	ctrl, err := newController(cfg, policy, poller, p.col.OnOutcome)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: flow control: %w", err)
+	}
+	p.ctrl = ctrl
+	if err := p.col.Bind(ctrl); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	p.answers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "flowgate_proxy_responses_total",
+		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
+	}, []string{"band", "code", "reason"})
+	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
+	if opts.LLMDMetrics {
+		p.llmd = newLLMDMetrics(p)
+		p.reg.MustRegister(p.llmd)
+	}
+	p.gate = flowhttp.Handler(ctrl, http.HandlerFunc(p.forward), flowhttp.Options{
+		Objectives:   cfg.Objectives,
+		DefaultBand:  cfg.DefaultBand,
+		MaxBodyBytes: opts.MaxBodyBytes,
+		BodyGrace:    opts.BodyGrace,
+		MinBodyRate:  opts.MinBodyRate,
+		Classify: func(_ *http.Request, body []byte) (int, bool) {
+			if cfg.BodyPriority == BodyPriorityIgnore {
+				return 0, false
+			}
+			p, ok := bodyPriority(body)
+			if !ok {
+				return 0, false
+			}
+			return int(min(max(p, 0), int64(len(cfg.Bands)-1))), true
+		},
+		OnFinish: p.finished,
+	})
+	return p, nil
+}
+
+// metricNames is the poller's metric names for a backend kind.
+func metricNames(engine string) saturation.MetricNames {
+	if engine == EngineSGLang {
+		return saturation.SGLang()
+	}
+	return saturation.VLLM()
+}
+
+// newController is the one place the proxy's bands become a controller.
+func newController(cfg Config, policy flowcontrol.CeilingPolicy, src flowcontrol.SaturationSource,
+	onOutcome func(int, error, time.Duration)) (*flowcontrol.Controller, error) {
+	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
+	for i, b := range cfg.Bands {
+		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes}
+	}
+	return flowcontrol.NewController(flowcontrol.ControllerConfig{
+		Config: flowcontrol.Config{
+			Bands:  bands,
+			Policy: policy,
+			Source: src,
+			Burst:  cfg.Burst,
+			Tick:   cfg.Tick,
+		},
+		OnOutcome: onOutcome,
+	})
+}
+
+func policyParams(r PolicyRef) map[string]float64 {
+	if r.Type == flowcontrol.StaticPolicyName {
+		return map[string]float64{"threshold": r.Threshold}
+	}
+	return nil
+}
+
+// Start runs the dispatcher and the metrics poller until Close.
+func (p *Proxy) Start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started {
+		return
+	}
+	p.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.wg.Add(3)
+	ran := p.ctrl.Start(ctx) // running before Start returns: no request sees ErrNotRunning
+	go func() { defer p.wg.Done(); <-ran }()
+	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
+	go func() { defer p.wg.Done(); p.watchPods(ctx) }()
+}
+
+// watchPods copies the poller's per-pod verdict (usable or not) to the
+// backends once per scrape interval, so that pick can pass over a backend
+// whose metrics hang, fail or went stale (it is likely down or stuck)
+// without reading the poller on the request path.
+func (p *Proxy) watchPods(ctx context.Context) {
+	t := time.NewTicker(p.cfg.Saturation.ScrapeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, r := range p.poller.Readings() {
+				if b := p.byMetric[r.Endpoint]; b != nil {
+					was := b.unusable.Swap(!r.Usable)
+					// Say why a backend reads saturated, once per
+					// change: a wrong engine's metric names, a
+					// dead /metrics, a stale pod.
+					switch {
+					case !r.Usable && (!was || b.reason != r.Reason) && r.Reason != saturation.ReasonNotScraped:
+						p.logf("proxy: backend %s reads saturated (%s): %v", b.label, r.Reason, r.Err)
+					case r.Usable && was && b.reason != "":
+						p.logf("proxy: backend %s usable again", b.label)
+					}
+					b.reason = r.Reason
+				}
+			}
+		}
+	}
+}
+
+// Drain is the first step of a graceful shutdown: every queued request is
+// answered 503 shutting-down, and so is every request that arrives later.
+// Requests already forwarded go on; call Close once they have finished (for
+// example after http.Server.Shutdown returns).
+func (p *Proxy) Drain() { p.ctrl.Close() }
+
+// Close drains and stops the dispatcher and the poller. Idempotent.
+func (p *Proxy) Close() {
+	p.ctrl.Close()
+	p.mu.Lock()
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// Controller returns the flow controller (for Stats).
+func (p *Proxy) Controller() *flowcontrol.Controller { return p.ctrl }
+
+// Critical reports whether a request's objective header (llm-d's or the
+// legacy one, case-insensitively) names band 0.
+func (p *Proxy) Critical(h http.Header) bool {
+	v := h.Get(ObjectiveHeader)
+	if v == "" {
+		v = h.Get(LegacyObjectiveHeader)
+	}
+	if v == "" {
+		return false
+	}
+	for k, b := range p.cfg.Objectives {
+		if b == 0 && strings.EqualFold(k, v) {
+			return true
+		}
+	}
+	return false
+}
+
+// Poller returns the saturation poller (for its readings).
+func (p *Proxy) Poller() *saturation.Poller { return p.poller }
+
+// Config returns the proxy's configuration.
+func (p *Proxy) Config() Config { return p.cfg }
+
+// Registry returns the Prometheus registry /metrics serves.
+func (p *Proxy) Registry() *prometheus.Registry { return p.reg }
+
+// Answers returns the proxy's count of finished gated requests, keyed
+// "band code reason" (code 0: the client left before an answer).
+func (p *Proxy) Answers() map[string]int {
+	out := map[string]int{}
+	fams, err := p.reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, f := range fams {
+		if f.GetName() != "flowgate_proxy_responses_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			out[l["band"]+" "+l["code"]+" "+l["reason"]] += int(m.GetCounter().GetValue())
+		}
+	}
+	return out
+}
+
+// InFlight returns the requests forwarded to each backend and not finished.
+func (p *Proxy) InFlight() []int64 {
+	out := make([]int64, len(p.backends))
+	for i, b := range p.backends {
+		out[i] = b.inflight.Load()
+	}
+	return out
+}
+
+// reqState is what forward learns about a gated request that flowhttp's
+// Result does not say: the proxy's own refusals.
+type reqState struct{ reason string }
+
+type stateKey struct{}
+
+// ServeHTTP serves GET /metrics from the registry and passes everything else
+// to flowhttp, which gates every method but GET, HEAD and OPTIONS (any path)
+// and forwards through forward.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/metrics" && r.Method == http.MethodGet {
+		promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		return
+	}
+	st := &reqState{}
+	p.gate.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
+}
+
+// finished is flowhttp's OnFinish: one count per gated request.
+func (p *Proxy) finished(r *http.Request, res flowhttp.Result) {
+	code, reason := res.Status, res.Reason
+	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason != "" {
+		reason = st.reason
+	}
+	if reason == ReasonAborted {
+		reason = ReasonBackendError // the stream was cut by the backend
+	}
+	if code == flowhttp.StatusClientClosed {
+		code = 0
+	}
+	p.answers.WithLabelValues(p.cfg.Bands[res.Band].Name, strconv.Itoa(code), reason).Inc()
+	if p.llmd != nil {
+		p.llmd.observe(res)
+	}
+	if p.onFinish != nil {
+		p.onFinish(res.Band, code, reason)
+	}
+}
+
+// ReasonAborted is flowhttp's reason for a handler that panicked.
+const ReasonAborted = flowhttp.ReasonAborted
+
+// forward sends a request (gated and released, or ungated) to the
+// least-loaded backend.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
+	st, _ := r.Context().Value(stateKey{}).(*reqState)
+	if st == nil {
+		st = &reqState{}
+	}
+	b := p.pick()
+	if b == nil {
+		st.reason = ReasonNoBackend
+		flowhttp.WriteError(w, http.StatusServiceUnavailable, ReasonNoBackend, "no backend is configured", true)
+		return
+	}
+	b.inflight.Add(1)
+	defer b.inflight.Add(-1)
+	// The poller counts the request on its backend at once (the in-flight
+	// credit, when on, moves the saturation now, not at the next scrape).
+	if p.poller.Dispatched(b.metrics) {
+		defer p.poller.Finished(b.metrics)
+	}
+	rec := &statusRecorder{ResponseWriter: w}
+	defer func() {
+		// A stream the backend cut (not the client) aborts the handler
+		// from inside ServeHTTP: a failure of the backend too.
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler && r.Context().Err() == nil {
+				b.failedAt.Store(time.Now().UnixNano())
+				st.reason = ReasonBackendError
+			} else if r.Context().Err() != nil {
+				st.reason = ReasonCancelled
+			}
+			panic(v)
+		}
+	}()
+	if p.cfg.BodyPriority == BodyPriorityStrip && r.Body != nil {
+		stripPriority(r)
+	}
+	b.rp.ServeHTTP(rec, r)
+	if rec.code >= 500 || (rec.proxyErr && rec.code != 0) {
+		b.failedAt.Store(time.Now().UnixNano())
+	} else if rec.code != 0 {
+		b.failedAt.Store(0)
+	}
+	// A client that leaves mid-response makes the copy fail, and the
+	// reverse proxy panics with http.ErrAbortHandler (recovered above). A
+	// context cancelled after a complete copy (the client closed as soon
+	// as it had the last byte) is a forwarded answer.
+	switch {
+	case rec.proxyErr && rec.code == 0:
+		st.reason = ReasonCancelled // the client left before the backend answered
+	case rec.proxyErr:
+		st.reason = ReasonBackendError
+	}
+}
+
+// stripOwnHeaders removes a backend's copies of the headers the proxy sets,
+// so that a backend's own 429 (another flowgate behind this one, say) is not
+// mistaken for the proxy's.
+func stripOwnHeaders(resp *http.Response) error {
+	resp.Header.Del(BandHeader)
+	resp.Header.Del(ReasonHeader)
+	return nil
+}
+
+// pick returns the backend with the fewest requests in flight (ties broken
+// round-robin), passing over backends that failed within ejectFor or whose
+// metrics the poller cannot use — unless every backend is in that state —
+// or nil if there is none.
+func (p *Proxy) pick() *backend {
+	n := len(p.backends)
+	if n == 0 {
+		return nil
+	}
+	now := time.Now().UnixNano()
+	start := int(p.rr.Add(1) % uint64(n))
+	var best *backend
+	bestAvoid := true
+	for i := 0; i < n; i++ {
+		b := p.backends[(start+i)%n]
+		f := b.failedAt.Load()
+		avoid := (f != 0 && now-f < int64(ejectFor)) || b.unusable.Load()
+		switch {
+		case best == nil,
+			bestAvoid && !avoid,
+			avoid == bestAvoid && b.inflight.Load() < best.inflight.Load():
+			best, bestAvoid = b, avoid
+		}
+	}
+	return best
+}
+
+// backendError is the reverse proxy's error handler: 502 backend-error,
+// unless the client is gone (then nobody is listening).
+func (p *Proxy) backendError(w http.ResponseWriter, r *http.Request, err error) {
+	rec, _ := w.(*statusRecorder)
+	if rec != nil {
+		rec.proxyErr = true
+	}
+	if r.Context().Err() != nil {
+		return // the client left; nobody to answer
+	}
+	p.logf("proxy: backend %s: %v", r.URL.Host, err)
+	flowhttp.WriteError(w, http.StatusBadGateway, ReasonBackendError, "the backend could not be reached or failed", true)
+}
+
+// statusRecorder remembers the status code written. Unwrap lets
+// http.ResponseController (which the reverse proxy flushes through) reach
+// the real writer's Flush.
+type statusRecorder struct {
+	http.ResponseWriter
+	code     int
+	proxyErr bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.code == 0 && (code < 100 || code >= 200 || code == http.StatusSwitchingProtocols) {
+		s.code = code // a 1xx (100 Continue, 103 Early Hints) is not the status
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// backendCollector exports per-backend state: in-flight count from the
+// proxy, and the poller's last reading and score.
+type backendCollector struct {
+	p        *Proxy
+	inflight *prometheus.Desc
+	score    *prometheus.Desc
+	waiting  *prometheus.Desc
+	kv       *prometheus.Desc
+}
+
+func newBackendCollector(p *Proxy) *backendCollector {
+	l := []string{"backend"}
+	return &backendCollector{
+		p:        p,
+		inflight: prometheus.NewDesc("flowgate_backend_inflight", "Requests forwarded to the backend and not finished.", l, nil),
+		score:    prometheus.NewDesc("flowgate_backend_saturation", "The backend's saturation score at the poller's last rescore.", l, nil),
+		waiting:  prometheus.NewDesc("flowgate_backend_requests_waiting", "The backend's vllm:num_requests_waiting at the last good scrape.", l, nil),
+		kv:       prometheus.NewDesc("flowgate_backend_kv_cache_usage", "The backend's vllm:kv_cache_usage_perc at the last good scrape.", l, nil),
+	}
+}
+
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.inflight
+	ch <- c.score
+	ch <- c.waiting
+	ch <- c.kv
+}
+
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, b := range c.p.backends {
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.inflight.Load()), b.label)
+	}
+	for _, r := range c.p.poller.Readings() {
+		b := c.p.byMetric[r.Endpoint]
+		if b == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.score, prometheus.GaugeValue, r.Score, b.label)
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, r.Waiting, b.label)
+		ch <- prometheus.MustNewConstMetric(c.kv, prometheus.GaugeValue, r.KVUsage, b.label)
+	}
+}

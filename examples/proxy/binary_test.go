@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/flowgate/flowgate/examples/internal/gateway"
+)
+
+// The black-box tests build the proxy binary once and exec it.
+var (
+	buildOnce sync.Once
+	binDir    string
+	binPath   string
+	buildErr  error
+)
+
+func proxyBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "flowgate-proxy-")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "proxy")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return binPath
+}
+
+func removeBinary() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+}
+
+var listeningRe = regexp.MustCompile(`listening on http://(\S+)`)
+
+// running is a proxy process.
+type running struct {
+	cmd    *exec.Cmd
+	addr   string
+	exited chan error    // the exit status, once
+	done   chan struct{} // closed on exit
+	log    *strings.Builder
+	mu     *sync.Mutex
+}
+
+// runProxy execs the binary (through sh with a file-descriptor limit when
+// nofile > 0) in front of backend, and waits for its listening line.
+func runProxy(t *testing.T, nofile int, backend string, args ...string) *running {
+	t.Helper()
+	bin := proxyBinary(t)
+	args = append([]string{"-addr", "127.0.0.1:0", "-backends", backend}, args...)
+	var cmd *exec.Cmd
+	if nofile > 0 {
+		cmd = exec.Command("sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), bin}, args...)...)
+	} else {
+		cmd = exec.Command(bin, args...)
+	}
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	r := &running{cmd: cmd, exited: make(chan error, 1), done: make(chan struct{}), log: &strings.Builder{}, mu: &sync.Mutex{}}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			r.mu.Lock()
+			r.log.WriteString(sc.Text() + "\n")
+			r.mu.Unlock()
+			if m := listeningRe.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+		r.exited <- cmd.Wait()
+		close(r.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		select {
+		case <-r.done:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	select {
+	case r.addr = <-addr:
+	case err := <-r.exited:
+		t.Fatalf("the proxy exited before listening: %v\n%s", err, r.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the proxy did not listen within 30 s\n%s", r.logs())
+	}
+	return r
+}
+
+func (r *running) logs() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.log.String()
+}
+
+// roundTrip writes a raw request on a new connection and reads the answer.
+func dialAndAsk(t *testing.T, addr, raw string) (net.Conn, *bufio.Reader, *http.Response) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	_, err = io.WriteString(c, raw)
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return c, br, resp
+}
+
+// closedWithin reports whether the server closes c (EOF or reset) within d.
+func closedWithin(c net.Conn, br *bufio.Reader, d time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	_, err := br.ReadByte()
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	return err != nil
+}
+
+// Idle keep-alive connections are closed after -idle-timeout.
+func TestBinaryIdleConnectionsClosed(t *testing.T) {
+	b := newStub(t, 50)
+	r := runProxy(t, 0, b.srv.URL, "-idle-timeout", "300ms")
+	type conn struct {
+		c  net.Conn
+		br *bufio.Reader
+	}
+	var conns []conn
+	for range 20 {
+		c, br, resp := dialAndAsk(t, r.addr, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+		defer c.Close()
+		require.False(t, resp.Close, "a keep-alive answer")
+		conns = append(conns, conn{c, br})
+	}
+	began := time.Now()
+	for i, c := range conns {
+		require.True(t, closedWithin(c.c, c.br, 5*time.Second), "idle connection %d still open after %v", i, time.Since(began))
+	}
+	require.Less(t, time.Since(began), 3*time.Second)
+}
+
+// A request's headers must arrive within -header-timeout; a header block
+// over -max-header-bytes is refused 431.
+func TestBinaryHeaderTimeoutAndMaxHeaderBytes(t *testing.T) {
+	b := newStub(t, 50)
+	r := runProxy(t, 0, b.srv.URL, "-header-timeout", "300ms", "-max-header-bytes", "8192")
+	c, err := net.Dial("tcp", r.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n") // and never the end
+	require.NoError(t, err)
+	began := time.Now()
+	require.True(t, closedWithin(c, bufio.NewReader(c), 5*time.Second), "half-sent headers held the connection")
+	require.Less(t, time.Since(began), 3*time.Second)
+
+	big := "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 16<<10) + "\r\n\r\n"
+	c2, _, resp := dialAndAsk(t, r.addr, big)
+	defer c2.Close()
+	require.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
+
+// dribble writes one byte every period until stop or an error.
+func dribble(c net.Conn, period time.Duration, stop <-chan struct{}) {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			if _, err := c.Write([]byte("x")); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// A gated body dribbled slower than -min-body-rate is answered 408 once
+// -body-grace has passed.
+func TestBinaryDribbledBodyAnswered(t *testing.T) {
+	b := newStub(t, 50)
+	r := runProxy(t, 0, b.srv.URL, "-body-grace", "200ms", "-min-body-rate", "1024")
+	c, err := net.Dial("tcp", r.addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s: critical\r\nContent-Length: 100000\r\n\r\n", gateway.ObjectiveHeader)
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	defer close(stop)
+	go dribble(c, 50*time.Millisecond, stop) // 20 B/s
+	began := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err, "a dribbled body was never answered")
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	require.Equal(t, gateway.ReasonBodyTimeout, resp.Header.Get(gateway.ReasonHeader))
+	require.Less(t, time.Since(began), 3*time.Second)
+}
+
+// Under a file-descriptor limit, a client hoarding idle keep-alive
+// connections does not keep critical requests out: idle connections are
+// evicted to make room.
+func TestBinaryFDHeadroomForCritical(t *testing.T) {
+	b := newStub(t, 50)
+	// max-conns 128, 16 kept free; idle connections do not time out
+	// during the test.
+	r := runProxy(t, 256, b.srv.URL, "-idle-timeout", "1m")
+	var hoard []net.Conn
+	defer func() {
+		for _, c := range hoard {
+			c.Close()
+		}
+	}()
+	for range 300 {
+		c, err := net.Dial("tcp", r.addr)
+		if err != nil {
+			break
+		}
+		hoard = append(hoard, c)
+		if _, err := io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			break
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			break // the proxy takes no more connections
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	t.Logf("hoarding %d connections", len(hoard))
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	served := 0
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+r.addr+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":2}`))
+		req.Header.Set(gateway.ObjectiveHeader, "critical")
+		resp, err := client.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				served++
+			}
+		}
+	}
+	require.Equal(t, 3, served, "critical requests served beside %d hoarded connections\n%s", len(hoard), r.logs())
+}
+
+// SIGTERM with clients dribbling bodies (no body-rate limit, so only the
+// drain bound can end them) exits within -drain-timeout.
+func TestBinarySIGTERMDrainBounded(t *testing.T) {
+	b := newStub(t, 50)
+	r := runProxy(t, 0, b.srv.URL, "-drain-timeout", "500ms", "-min-body-rate", "-1")
+	stop := make(chan struct{})
+	defer close(stop)
+	for range 2 {
+		c, err := net.Dial("tcp", r.addr)
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+		require.NoError(t, err)
+		go dribble(c, 100*time.Millisecond, stop)
+	}
+	// Both are being read (active) before the signal.
+	ask := func() {
+		c, _, _ := dialAndAsk(t, r.addr, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		c.Close()
+	}
+	ask()
+	began := time.Now()
+	require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-r.exited:
+		require.NoError(t, err, "%s", r.logs())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still running 10 s after SIGTERM\n%s", r.logs())
+	}
+	took := time.Since(began)
+	require.Less(t, took, 2500*time.Millisecond, "drain took %v\n%s", took, r.logs())
+	require.GreaterOrEqual(t, took, 400*time.Millisecond, "the dribblers should have held it to the bound")
+	require.Contains(t, r.logs(), "drain bound")
+}
+
+// When the connections above max−reserved cannot be made by evicting idle
+// ones (every connection is busy), the reserved headroom serves critical
+// requests only: a sheddable request there is answered 503 overloaded.
+func TestBinaryReservedConnsForCritical(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 64)
+	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if strings.Contains(r.Header.Get(gateway.ObjectiveHeader), "hold") {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	defer close(release)
+	// Objectives: "hold" is a critical objective that the backend holds
+	// open, so 15 connections stay busy.
+	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfgPath, []byte("flowControl:\n  objectives: {hold: critical}\n"), 0o600))
+	r := runProxy(t, 0, b.srv.URL, "-config", cfgPath, "-max-conns", "20", "-reserved-conns", "5",
+		"-min-body-rate", "-1")
+	var busy []net.Conn
+	defer func() {
+		for _, c := range busy {
+			c.Close()
+		}
+	}()
+	for range 15 {
+		c, err := net.Dial("tcp", r.addr)
+		require.NoError(t, err)
+		busy = append(busy, c)
+		_, err = fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s: hold\r\nContent-Length: 2\r\n\r\n{}", gateway.ObjectiveHeader)
+		require.NoError(t, err)
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("held request %d did not reach the backend\n%s", len(busy), r.logs())
+		}
+	}
+	ask := func(objective string) (int, string) {
+		c, _, resp := dialAndAsk(t, r.addr, fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s: %s\r\nContent-Length: 2\r\n\r\n{}",
+			gateway.ObjectiveHeader, objective))
+		c.Close()
+		return resp.StatusCode, resp.Header.Get(gateway.ReasonHeader)
+	}
+	code, reason := ask("sheddable")
+	require.Equal(t, http.StatusServiceUnavailable, code, "a sheddable request took reserved room")
+	require.Equal(t, "overloaded", reason)
+	for range 3 {
+		code, _ = ask("critical")
+		require.Equal(t, http.StatusOK, code, "critical request on the reserved room\n%s", r.logs())
+	}
+}

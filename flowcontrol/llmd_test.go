@@ -1,0 +1,388 @@
+package flowcontrol
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+)
+
+type setSat struct{ v float64 }
+
+func (s *setSat) Saturation() float64 { return s.v }
+
+type sent struct{ band, item int }
+
+func newLLMD(t *testing.T, p LLMDUsageLimitPolicy, bands int, src SaturationSource) (*LLMDDispatcher[int], *[]sent) {
+	t.Helper()
+	var out []sent
+	bs := make([]BandConfig, bands)
+	for i := range bs {
+		bs[i].Capacity = 64
+	}
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
+		Dispatch: func(b, it int) { out = append(out, sent{b, it}) }})
+	require.NoError(t, err)
+	return d, &out
+}
+
+func TestLLMDPeriodTable(t *testing.T) {
+	for s, want := range map[float64]int64{0.5: 1, 0.55: 1, 0.6: 1, 0.65: 2, 0.7: 2, 0.75: 3, 0.8: 4, 0.9: 9, 0.99: 99} {
+		require.Equal(t, want, LLMDPeriod(s), "s=%v", s)
+	}
+}
+
+// openSequence returns, for k cycles at saturation s with two bands, whether band 1 was
+// open on each.
+func openSequence(p *LLMDSoftReflectivePolicy, s float64, k int) []bool {
+	c := make([]float64, 2)
+	var seq []bool
+	for range k {
+		p.ComputeLimit(s, c)
+		seq = append(seq, !(s >= c[1]))
+	}
+	return seq
+}
+
+func TestLLMDSoftReflectiveDutyCycleSequence(t *testing.T) {
+	require.Equal(t, []bool{false, true, false, true}, openSequence(LLMDSoftReflective(), 0.7, 4), "period 2: closed, open, closed, open")
+	require.Equal(t, []bool{false, false, true, false, false, true}, openSequence(LLMDSoftReflective(), 0.75, 6), "period 3: closed, closed, open")
+	require.Equal(t, []bool{true, true, true}, openSequence(LLMDSoftReflective(), 0.6, 3), "period 1: always open")
+	// The counter is incremented before the test and advances only while 0.5 <= s < 1.
+	p := LLMDSoftReflective()
+	openSequence(p, 0.3, 5)
+	openSequence(p, 1.0, 5)
+	openSequence(p, 7, 5)
+	require.Zero(t, p.Counter(), "no advance outside the duty-cycle regime")
+	openSequence(p, 0.5, 1)
+	require.EqualValues(t, 1, p.Counter(), "s = 0.5 is in the regime")
+	require.Equal(t, []bool{true}, openSequence(p, 0.7, 1), "counter 2 after the increment: open at period 2")
+}
+
+func TestLLMDSoftReflectiveCeilings(t *testing.T) {
+	c := make([]float64, 3)
+	p := LLMDSoftReflective()
+	p.ComputeLimit(0.4, c)
+	require.Equal(t, []float64{1, 1, 1}, c, "below every reflective ceiling: open")
+	p.ComputeLimit(1, c)
+	require.Equal(t, []float64{1, 0, 0}, c, "s >= 1: band 0 keeps 1.0 (and halts since s >= 1), the others 0")
+	require.Zero(t, p.Counter())
+	// One counter shared by all gated bands: at s = 0.75 with 3 bands both band 1
+	// (reflective 0.625) and band 2 (0.25) are in the duty cycle, period 3; they open
+	// together and the counter moves once per cycle.
+	var opens [][]float64
+	for range 3 {
+		p.ComputeLimit(0.75, c)
+		opens = append(opens, append([]float64(nil), c...))
+	}
+	require.Equal(t, [][]float64{{1, 0, 0}, {1, 0, 0}, {1, 1, 1}}, opens)
+	require.EqualValues(t, 3, p.Counter(), "one increment per cycle, not per band")
+	// At s = 0.6 band 1 (reflective 0.7) is open, band 2 (0.4) in the duty cycle.
+	p.ComputeLimit(0.6, c)
+	require.Equal(t, []float64{1, 1, 1}, c, "period 1")
+	require.EqualValues(t, 4, p.Counter())
+	// Idle advances exactly as ComputeLimit would.
+	q := LLMDSoftReflective()
+	q.Idle(0.75, 3, 3)
+	q.Idle(0.6, 3, 1)
+	q.Idle(0.3, 3, 100)
+	q.Idle(1.5, 3, 100)
+	require.Equal(t, p.Counter(), q.Counter())
+	require.EqualValues(t, 1, LLMDSoftReflective().TopCeiling(0.9))
+}
+
+func TestLLMDOneItemPerCycleStrictPriority(t *testing.T) {
+	src := &setSat{0.2}
+	d, out := newLLMD(t, LLMDSoftReflective(), 2, src)
+	for i := range 3 {
+		require.NoError(t, d.Enqueue(1, 10+i))
+		require.NoError(t, d.Enqueue(0, i))
+	}
+	for range 6 {
+		require.True(t, d.Cycle())
+	}
+	require.False(t, d.Cycle(), "nothing left")
+	require.Equal(t, []sent{{0, 0}, {0, 1}, {0, 2}, {1, 10}, {1, 11}, {1, 12}}, *out,
+		"one item per cycle, band 0 first, an empty band skipped, FIFO within a band")
+}
+
+func TestLLMDHaltsAtFirstGatedBand(t *testing.T) {
+	// Band 0 halts at s >= 1 under llm-d's soft-reflective, so nothing goes.
+	src := &setSat{1}
+	d, out := newLLMD(t, LLMDSoftReflective(), 2, src)
+	require.NoError(t, d.Enqueue(0, 1))
+	require.NoError(t, d.Enqueue(1, 2))
+	require.True(t, d.Halted())
+	require.False(t, d.Cycle())
+	require.Empty(t, *out, "band 0 halts at s >= 1, band 0 included")
+	src.v = 0.99
+	require.False(t, d.Halted())
+	require.True(t, d.Cycle())
+	require.Equal(t, []sent{{0, 1}}, *out)
+
+	// A gated band halts the cycle before its emptiness is looked at: 3 bands at
+	// s = 0.75, band 1 empty and closed, band 2 has an item.
+	src.v = 0.75
+	d, out = newLLMD(t, LLMDSoftReflective(), 3, src)
+	require.NoError(t, d.Enqueue(2, 7))
+	require.False(t, d.Cycle(), "counter 1: closed")
+	require.False(t, d.Cycle(), "counter 2: closed")
+	require.True(t, d.Cycle(), "counter 3: open")
+	require.Equal(t, []sent{{2, 7}}, *out)
+
+	// With a policy whose ceilings are not monotone (a user's), the halt at the first
+	// gated band is visible: band 1 gated, band 2 open, band 2's item does not go.
+	d, out = newLLMD(t, tableLLMD{{1, 0.1, 1}}, 3, src)
+	require.NoError(t, d.Enqueue(2, 9))
+	require.False(t, d.Cycle(), "halted at band 1, band 2 not considered")
+	require.Empty(t, *out)
+
+	// llm-d static: one threshold for every band, the gate s >= threshold.
+	src.v = 0.8
+	d, out = newLLMD(t, LLMDStatic(0.8), 2, src)
+	require.NoError(t, d.Enqueue(1, 1))
+	require.True(t, d.Halted())
+	require.False(t, d.Cycle(), "an empty gated band 0 still halts band 1")
+	src.v = 0.79
+	require.True(t, d.Cycle())
+	require.Equal(t, []sent{{1, 1}}, *out)
+}
+
+func TestLLMDSweepAndAbandon(t *testing.T) {
+	now := time.Unix(100, 0)
+	gone := map[int]bool{}
+	var drops []string
+	var out []int
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: []BandConfig{{Capacity: 8}, {Capacity: 8, MaxWait: 10 * time.Second}},
+		Source: &setSat{2}, Dispatch: func(_, it int) { out = append(out, it) }, Now: func() time.Time { return now },
+		Abandoned: func(it int) bool { return gone[it] },
+		OnDrop: func(b, it int, r error) {
+			drops = append(drops, map[error]string{ErrExpired: "expired", ErrCancelled: "cancelled"}[r])
+		}})
+	require.NoError(t, err)
+	require.NoError(t, d.Enqueue(1, 1))
+	now = now.Add(5 * time.Second)
+	require.NoError(t, d.Enqueue(1, 2))
+	require.NoError(t, d.Enqueue(1, 3))
+	require.NoError(t, d.Enqueue(1, 4))
+	d.Sweep()
+	require.Equal(t, 4, d.Len(1), "nothing past its TTL yet")
+	now = now.Add(6 * time.Second)
+	d.Sweep()
+	require.Equal(t, []string{"expired"}, drops, "item 1 waited 11 s > TTL")
+	gone[3] = true
+	d.Abandon(1)
+	d.Sweep()
+	require.Equal(t, []string{"expired", "cancelled"}, drops)
+	require.Equal(t, 2, d.Len(1))
+	gone[2] = true // abandoned without a sweep: dropped when reached, without using the cycle
+	d.source = &setSat{0}
+	require.True(t, d.Cycle())
+	require.Equal(t, []int{4}, out, "order kept, the abandoned head skipped")
+	st := d.Stats()
+	require.Equal(t, LLMDBandStats{Queued: 0, Dispatched: 1, Expired: 1, Cancelled: 2}, st.Bands[1])
+}
+
+func TestLLMDConfigErrors(t *testing.T) {
+	ok := func(int, int) {}
+	one := []BandConfig{{Capacity: 1}}
+	for field, cfg := range map[string]LLMDDispatcherConfig[int]{
+		"Bands":             {Source: &setSat{}, Dispatch: ok},
+		"Bands[1].Capacity": {Bands: []BandConfig{{Capacity: 1}, {}}, Source: &setSat{}, Dispatch: ok},
+		"Bands[0].MaxWait":  {Bands: []BandConfig{{Capacity: 1, MaxWait: -1}}, Source: &setSat{}, Dispatch: ok},
+		"Policy":            {Bands: one, Policy: LLMDStatic(0), Source: &setSat{}, Dispatch: ok},
+		"Source":            {Bands: one, Dispatch: ok},
+		"Dispatch":          {Bands: one, Source: &setSat{}},
+	} {
+		_, err := NewLLMDDispatcher(cfg)
+		require.ErrorIs(t, err, ErrInvalidConfig, field)
+		require.True(t, strings.Contains(err.Error(), field), "%q names %s", err, field)
+	}
+	for _, th := range []float64{math.NaN(), -1, 1.5} {
+		_, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: one, Policy: LLMDStatic(th), Source: &setSat{}, Dispatch: ok})
+		require.ErrorIs(t, err, ErrInvalidConfig)
+	}
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: one, Source: &setSat{}, Dispatch: ok})
+	require.NoError(t, err)
+	require.Equal(t, []BandConfig{{Name: "band0", Capacity: 1}}, d.BandConfigs())
+	require.ErrorIs(t, d.Enqueue(1, 0), ErrUnknownBand)
+	require.NoError(t, d.Enqueue(0, 0))
+	require.ErrorIs(t, d.Enqueue(0, 0), ErrQueueFull)
+	require.EqualValues(t, 1, d.Stats().Bands[0].Rejected)
+}
+
+func TestLLMDRun(t *testing.T) {
+	got := make(chan int, 4)
+	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: []BandConfig{{Capacity: 4}, {Capacity: 4}}, Policy: LLMDSoftReflective(), Source: &setSat{0.1},
+		Dispatch: func(_, it int) { got <- it }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	require.NoError(t, d.Enqueue(1, 1))
+	require.NoError(t, d.Enqueue(0, 2))
+	a, b := <-got, <-got
+	require.ElementsMatch(t, []int{1, 2}, []int{a, b})
+	cancel()
+	require.True(t, errors.Is(<-done, context.Canceled))
+}
+
+// tableLLMD is a test policy whose ceilings cycle through a table, whatever the
+// saturation: not monotone, so it exposes the head-of-line halt.
+type tableLLMD [][]float64
+
+func (p tableLLMD) ComputeLimit(_ float64, c []float64) {
+	copy(c, p[0])
+	if len(p) > 1 {
+		first := append([]float64(nil), p[0]...)
+		copy(p, p[1:])
+		p[len(p)-1] = first
+	}
+}
+func (p tableLLMD) Idle(float64, int, int64)   {}
+func (p tableLLMD) TopCeiling(float64) float64 { return p[0][0] }
+
+// llmdModel is the discipline restated as plainly as possible, to check the dispatcher
+// and the policies against.
+type llmdModel struct {
+	bands   [][]int
+	soft    bool
+	thr     float64
+	counter int64
+	table   [][]float64 // a non-monotone test policy, if set
+	cycles  int
+}
+
+func (m *llmdModel) cycle(s float64) (sent, bool) {
+	n := len(m.bands)
+	ceil := make([]float64, n)
+	for i := range ceil {
+		ceil[i] = m.thr
+	}
+	if m.table != nil {
+		copy(ceil, m.table[m.cycles%len(m.table)])
+	}
+	m.cycles++
+	if m.soft {
+		inDuty := false
+		for i := 1; i < n; i++ {
+			r := 1 - float64(i)*s/float64(n-1)
+			if !(s < r) && s < 1 {
+				inDuty = true
+			}
+		}
+		if inDuty {
+			m.counter++
+		}
+		period := int64(math.Max(1, math.Round(s/(1-s+1e-9))))
+		for i := range ceil {
+			r := 1 - float64(i)*s/float64(n-1)
+			switch {
+			case i == 0 || s < r:
+				ceil[i] = 1
+			case s >= 1:
+				ceil[i] = 0
+			case m.counter%period == 0:
+				ceil[i] = 1
+			default:
+				ceil[i] = 0
+			}
+		}
+	}
+	for i := range n {
+		if s >= ceil[i] {
+			return sent{}, false
+		}
+		if len(m.bands[i]) > 0 {
+			it := m.bands[i][0]
+			m.bands[i] = m.bands[i][1:]
+			return sent{i, it}, true
+		}
+	}
+	return sent{}, false
+}
+
+func TestLLMDAgainstModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 4).Draw(t, "bands")
+		kind := rapid.IntRange(0, 2).Draw(t, "policy") // static, soft-reflective, a table
+		thr := rapid.SampledFrom([]float64{1, 0.8, 0.5}).Draw(t, "threshold")
+		m := &llmdModel{bands: make([][]int, n), soft: kind == 1, thr: thr}
+		var p LLMDUsageLimitPolicy = LLMDStatic(thr)
+		switch kind {
+		case 1:
+			p = LLMDSoftReflective()
+		case 2:
+			rows := rapid.IntRange(1, 3).Draw(t, "rows")
+			var tab tableLLMD
+			for range rows {
+				row := make([]float64, n)
+				for i := range row {
+					row[i] = rapid.SampledFrom([]float64{0, 0.5, 1, 2}).Draw(t, "ceiling")
+				}
+				tab = append(tab, row)
+				m.table = append(m.table, append([]float64(nil), row...))
+			}
+			p = tab
+		}
+		src := &setSat{}
+		var out []sent
+		bs := make([]BandConfig, n)
+		for i := range bs {
+			bs[i].Capacity = 1000
+		}
+		d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
+			Dispatch: func(b, it int) { out = append(out, sent{b, it}) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := 0
+		sats := []float64{0, 0.3, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9, 0.99, 1, 1.5}
+		for range rapid.IntRange(1, 200).Draw(t, "ops") {
+			switch rapid.IntRange(0, 3).Draw(t, "op") {
+			case 0:
+				b := rapid.IntRange(0, n-1).Draw(t, "band")
+				if err := d.Enqueue(b, next); err != nil {
+					t.Fatal(err)
+				}
+				m.bands[b] = append(m.bands[b], next)
+				next++
+			case 1:
+				src.v = rapid.SampledFrom(sats).Draw(t, "sat")
+			case 2:
+				// Skip stands for cycles only when nothing can be dispatched.
+				k := rapid.Int64Range(1, 50).Draw(t, "skip")
+				if kind != 2 && (d.Empty() || d.Halted()) {
+					d.Skip(k)
+					for range k {
+						if _, ok := m.cycle(src.v); ok {
+							t.Fatalf("model dispatched during a skip")
+						}
+					}
+					continue
+				}
+				fallthrough
+			default:
+				before := len(out)
+				got := d.Cycle()
+				want, ok := m.cycle(src.v)
+				if got != ok {
+					t.Fatalf("Cycle at s=%v dispatched %v, model %v", src.v, got, ok)
+				}
+				if ok && out[before] != want {
+					t.Fatalf("dispatched %v, model %v", out[before], want)
+				}
+			}
+			for b := range n {
+				if d.Len(b) != len(m.bands[b]) {
+					t.Fatalf("band %d holds %d, model %d", b, d.Len(b), len(m.bands[b]))
+				}
+			}
+		}
+	})
+}

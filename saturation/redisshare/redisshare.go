@@ -1,0 +1,623 @@
+package redisshare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// ErrInvalidConfig is wrapped by every error New returns for bad Options;
+// the message names the field.
+var ErrInvalidConfig = errors.New("redisshare: invalid configuration")
+
+// ErrRunning is returned by Run when the view is already running, and by
+// Close while it is.
+var ErrRunning = errors.New("redisshare: already running")
+
+// Defaults, each argued in its comment.
+const (
+	// DefaultPeriod is how often a replica publishes its counts and fetches
+	// the others'. 5 ms is well under the gap between two arrivals at the
+	// pool even at chat@80 QPS (12.5 ms), so a dispatch is usually visible to
+	// every replica before the next one anywhere, and well under the 50 ms
+	// metrics scrape, so the shared view is the freshest signal the router
+	// has. It costs one Redis round trip per replica per period (two when a
+	// new replica appears): 200 small transactions a second per replica.
+	DefaultPeriod = 5 * time.Millisecond
+	// DefaultTTL bounds how long a replica that stopped publishing (killed,
+	// partitioned) keeps counting in the others' views, and how long a
+	// replica serves the others' last-fetched counts when Redis is
+	// unreachable before falling back to its own. One second is 200 periods:
+	// a GC pause, a CPU-throttled container (100 ms CFS windows) or a few
+	// timed-out syncs never expire a live replica, while phantom load from a
+	// dead one lasts about as long as one short request.
+	DefaultTTL = time.Second
+	// DefaultPrefix is the Redis key prefix.
+	DefaultPrefix = "flowgate:inflight"
+)
+
+// Options configures New. Set exactly one of Addr and Client, and ReplicaID.
+type Options struct {
+	// Addr is the Redis "host:port". New then creates and owns a client
+	// tuned for this job (each sync bounded by its context deadline, no
+	// retries: the next sync is the retry, at most two connections, no dial
+	// circuit breaker in practice), and Close closes it.
+	Addr string
+	// Client is an existing client, for TLS, auth, Sentinel or Cluster. The
+	// caller owns it and closes it after Run returns. It must honour context
+	// deadlines, or a stalled Redis stalls the sync loop for the client's
+	// socket timeout (go-redis's default is 3 s): New rejects a *redis.Client,
+	// *redis.ClusterClient or *redis.Ring whose ContextTimeoutEnabled is false.
+	// All keys share one hash tag, so a Cluster keeps them on one shard.
+	Client redis.UniversalClient
+	// ReplicaID names this replica among all those sharing Prefix; it must be
+	// unique (a pod name, a hostname plus a random suffix). Two replicas with
+	// one id overwrite each other's counts. Required; at most 256 bytes.
+	ReplicaID string
+	// Prefix scopes the keys: several independent pools can share one Redis
+	// under different prefixes. It must not contain '{' or '}' (it becomes the
+	// Cluster hash tag). Default DefaultPrefix.
+	Prefix string
+	// Period between two syncs (publish own counts, fetch the others').
+	// Default DefaultPeriod.
+	Period time.Duration
+	// TTL is the longest a replica that stopped publishing keeps counting in
+	// the others' views, and how long this replica serves the others'
+	// last-fetched counts while Redis fails (dropped at the first failed
+	// sync past TTL). At least 4 Periods. Default DefaultTTL.
+	TTL time.Duration
+	// Timeout bounds one sync's Redis calls together (its one or two round
+	// trips, and a reconnection), so the loop never falls a period behind.
+	// Must be positive and shorter than Period. Default 4/5 of Period.
+	// While syncs fail, Run stretches the wait between them and this
+	// timeout in proportion (see Run).
+	Timeout time.Duration
+	// Logger receives one line per transition between the shared view and
+	// the fallback to own counts. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for the staleness bookkeeping (the TTL of the
+	// others' counts). Default time.Now. Key expiry in Redis runs on the
+	// Redis server's clock and is not affected.
+	Now func() time.Time
+}
+
+// State says whether the others' counts are being served.
+type State int
+
+const (
+	// Down: InFlight serves this replica's own counts only, because no sync
+	// has succeeded yet, the last success is older than TTL, or Run returned.
+	Down State = iota
+	// Up: InFlight serves own counts plus the others' from a sync younger
+	// than TTL.
+	Up
+)
+
+// String returns "down" or "up".
+func (s State) String() string {
+	if s == Up {
+		return "up"
+	}
+	return "down"
+}
+
+// InFlight is the pool-wide in-flight view of one gateway replica: its own
+// live counts per endpoint plus the other replicas' counts fetched from
+// Redis. The request-path methods (Endpoint handles, Add, Inc, Dec,
+// InFlight) touch memory only: atomic operations, and once an endpoint is
+// known no lock and no allocation; never the network. Run does all Redis I/O in one
+// background goroutine. Safe for concurrent use. Create it with New.
+type InFlight struct {
+	client     redis.UniversalClient
+	ownClient  bool
+	id         string
+	key        string // this replica's hash: keyBase + id
+	keyBase    string // "{prefix}:replica:"
+	members    string // sorted set of replica ids, score = last publish (writer's clock, ms)
+	period     time.Duration
+	ttl        time.Duration
+	timeout    time.Duration
+	expiry     time.Duration // PEXPIRE of the hash: TTL - Period (see New)
+	gcAge      time.Duration // members older than this leave the sorted set
+	maxBackoff time.Duration // longest wait between failed syncs
+	log        *slog.Logger
+	now        func() time.Time
+
+	// eps is copy-on-write: readers load the pointer and look up without a
+	// lock; the rare insertion of a new endpoint copies the map under mu.
+	// Endpoints are never removed, so a handle stays valid for the life of
+	// the InFlight (memory grows with the number of distinct names ever
+	// seen, which for a backend pool is its size).
+	mu  sync.Mutex
+	eps atomic.Pointer[map[string]*Endpoint]
+
+	syncMu sync.Mutex // one sync at a time; guards tr and known
+	tr     tracker
+	known  []string // peer ids from the last sync's member list
+
+	running atomic.Bool
+	up      atomic.Bool
+	peers   atomic.Int64
+
+	syncs, syncErrors, badFields, underflows atomic.Int64
+}
+
+// Endpoint is one backend endpoint's counts, a handle the request path keeps
+// so it never looks the name up. Its methods are single atomic operations.
+// Endpoint satisfies interface{ Inc(); Dec() }.
+type Endpoint struct {
+	name   string
+	parent *InFlight
+	// own is this replica's live count; the request path writes it. others
+	// is the other replicas' sum from the last good sync; only the sync loop
+	// writes it. They are separate atomics and read one after the other, so
+	// InFlight may pair a newer own with an older others: harmless, others
+	// is a period-old estimate by construction, and each load is whole.
+	own    atomic.Int64
+	others atomic.Int64
+}
+
+// New validates opts and returns a view in state Down with no counts. It
+// does not contact Redis; Run (or Sync) does. Errors wrap ErrInvalidConfig
+// and name the field.
+func New(opts Options) (*InFlight, error) {
+	bad := func(format string, a ...any) (*InFlight, error) {
+		return nil, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	if (opts.Addr == "") == (opts.Client == nil) {
+		return bad("set exactly one of Options.Addr and Options.Client")
+	}
+	if opts.Client != nil && !honoursContext(opts.Client) {
+		return bad("Options.Client must have ContextTimeoutEnabled set, or a stalled Redis stalls the sync loop for the socket timeout")
+	}
+	if opts.ReplicaID == "" || len(opts.ReplicaID) > 256 {
+		return bad("Options.ReplicaID must be 1 to 256 bytes, got %d", len(opts.ReplicaID))
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return bad("Options.Prefix must not contain '{' or '}', got %q", opts.Prefix)
+	}
+	if opts.Period == 0 {
+		opts.Period = DefaultPeriod
+	}
+	if opts.Period < time.Millisecond {
+		return bad("Options.Period must be >= 1ms, got %v", opts.Period)
+	}
+	if opts.TTL == 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.TTL < 4*opts.Period {
+		return bad("Options.TTL must be >= 4 Periods (%v), got %v", 4*opts.Period, opts.TTL)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = opts.Period * 4 / 5
+	}
+	if opts.Timeout <= 0 || opts.Timeout >= opts.Period {
+		return bad("Options.Timeout must be > 0 and < Period (%v), got %v", opts.Period, opts.Timeout)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	tag := "{" + opts.Prefix + "}"
+	s := &InFlight{
+		client:  opts.Client,
+		id:      opts.ReplicaID,
+		key:     tag + ":replica:" + opts.ReplicaID,
+		keyBase: tag + ":replica:",
+		members: tag + ":replicas",
+		period:  opts.Period,
+		ttl:     opts.TTL,
+		timeout: opts.Timeout,
+		// A peer fetches every Period, so a hash that expires Period before
+		// TTL has left every view within TTL of the writer's last publish
+		// (plus one round trip). A live writer renews it every Period, so it
+		// survives TTL - 2 Periods without a successful publish.
+		expiry: opts.TTL - opts.Period,
+		// The member list is only a directory (liveness is the hash's
+		// expiry); ids leave it long after their hash has expired, with a
+		// margin for clock skew between replicas.
+		gcAge: max(time.Minute, 10*opts.TTL),
+		// Failed syncs back off up to this: recovery after Redis returns
+		// takes at most this long, and it leaves several retries within TTL.
+		maxBackoff: max(opts.Period, min(100*time.Millisecond, opts.TTL/4)),
+		log:        opts.Logger,
+		now:        opts.Now,
+		tr:         tracker{ttl: opts.TTL},
+	}
+	if opts.Addr != "" {
+		// Each sync's context deadline is what bounds it (Timeout, grown
+		// with the backoff while syncs fail); the socket timeouts only need
+		// to allow the largest of those.
+		sock := s.timeoutFor(s.maxBackoff)
+		s.client = redis.NewClient(&redis.Options{
+			Addr:                  opts.Addr,
+			DialTimeout:           sock,
+			DialerRetries:         1,
+			ReadTimeout:           sock,
+			WriteTimeout:          sock,
+			PoolTimeout:           sock,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            -1,
+			// Syncs are serial, so one connection is in use at a time (two
+			// while Run leaves). PoolSize is large only because go-redis also
+			// uses it as the threshold of its dial circuit breaker: after
+			// PoolSize failed dials it fails fast and probes once a second,
+			// which would delay recovery after a Redis restart by up to 1 s.
+			// 1000 failed dials is 5 s of refused connections at 5 ms.
+			PoolSize:           1000,
+			MaxActiveConns:     2,
+			MaxConcurrentDials: 1,
+			DisableIdentity:    true,
+			MaintNotificationsConfig: &maintnotifications.Config{
+				Mode: maintnotifications.ModeDisabled,
+			},
+		})
+		s.ownClient = true
+	}
+	empty := map[string]*Endpoint{}
+	s.eps.Store(&empty)
+	return s, nil
+}
+
+// honoursContext reports whether c applies context deadlines to socket I/O,
+// for the client types that say so; other implementations are trusted.
+func honoursContext(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
+}
+
+// Endpoint returns the handle for name, creating it (at 0) on first use.
+// Keep the handle: its methods skip the name lookup. The empty name is
+// reserved (it counts locally but is never published).
+func (s *InFlight) Endpoint(name string) *Endpoint {
+	if e := (*s.eps.Load())[name]; e != nil {
+		return e
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := *s.eps.Load()
+	if e := old[name]; e != nil {
+		return e
+	}
+	e := &Endpoint{name: name, parent: s}
+	next := make(map[string]*Endpoint, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[name] = e
+	s.eps.Store(&next)
+	return e
+}
+
+// Add changes this replica's count for endpoint by delta (see Endpoint.Add).
+func (s *InFlight) Add(endpoint string, delta int64) { s.Endpoint(endpoint).Add(delta) }
+
+// Inc records one request dispatched to endpoint by this replica.
+func (s *InFlight) Inc(endpoint string) { s.Endpoint(endpoint).Add(1) }
+
+// Dec records one request to endpoint finished (see Endpoint.Dec).
+func (s *InFlight) Dec(endpoint string) { s.Endpoint(endpoint).Add(-1) }
+
+// InFlight returns the pool-wide in-flight count for endpoint: this
+// replica's live count plus the others' last-fetched sum (0 while Down).
+// An unknown endpoint reads 0 and is not created.
+func (s *InFlight) InFlight(endpoint string) int64 {
+	if e := (*s.eps.Load())[endpoint]; e != nil {
+		return e.InFlight()
+	}
+	return 0
+}
+
+// Endpoints returns the names known to this replica (its own and those
+// fetched from the others), sorted.
+func (s *InFlight) Endpoints() []string {
+	m := *s.eps.Load()
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// State reports whether the others' counts are being served.
+func (s *InFlight) State() State {
+	if s.up.Load() {
+		return Up
+	}
+	return Down
+}
+
+// Peers returns how many other live replicas the last good sync saw (0
+// while Down).
+func (s *InFlight) Peers() int { return int(s.peers.Load()) }
+
+// Underflows returns how many decrements found the count too low and were
+// clamped at 0: a caller finishing requests it never started.
+func (s *InFlight) Underflows() int64 { return s.underflows.Load() }
+
+// ReplicaID returns the id this replica publishes under.
+func (s *InFlight) ReplicaID() string { return s.id }
+
+// Name returns the endpoint's name.
+func (e *Endpoint) Name() string { return e.name }
+
+// Inc records one request dispatched to this endpoint by this replica.
+func (e *Endpoint) Inc() { e.own.Add(1) }
+
+// Dec records one request finished. A Dec at 0 is ignored and counted in
+// Underflows: a negative count would be published and make the endpoint look
+// emptier than it is to every replica.
+func (e *Endpoint) Dec() { e.Add(-1) }
+
+// Add changes this replica's count by delta, clamping at 0 (a clamp counts
+// one underflow).
+func (e *Endpoint) Add(delta int64) {
+	if delta >= 0 {
+		e.own.Add(delta)
+		return
+	}
+	for {
+		c := e.own.Load()
+		n := c + delta
+		if n < 0 {
+			n = 0
+		}
+		if e.own.CompareAndSwap(c, n) {
+			if c+delta < 0 {
+				e.parent.underflows.Add(1)
+			}
+			return
+		}
+	}
+}
+
+// Own returns this replica's live count.
+func (e *Endpoint) Own() int64 { return e.own.Load() }
+
+// Others returns the other replicas' sum from the last good sync (0 while
+// Down).
+func (e *Endpoint) Others() int64 { return e.others.Load() }
+
+// InFlight returns Own + Others: two atomic loads.
+func (e *Endpoint) InFlight() int64 { return e.own.Load() + e.others.Load() }
+
+// Run syncs every Period until ctx is done, then returns ctx.Err(). The
+// first sync starts at once. Errors never stop it: while Redis fails it
+// keeps retrying, reconnecting as needed, with the wait doubling from Period
+// up to min(100 ms, TTL/4) (never below Period) and the timeout growing in
+// proportion, and the view falls back to own counts once the last success is
+// older than TTL. The first success restores Period and Timeout. On return it
+// removes this replica's key (best effort, so the others drop it at once
+// rather than after TTL) and drops the others' counts (state Down): nothing
+// refreshes them any more. It fails with ErrRunning if already running.
+func (s *InFlight) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer s.running.Store(false)
+	defer s.leave(ctx)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	wait, timeout := s.period, s.timeout
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		begin := time.Now()
+		if s.sync(ctx, timeout) == nil { // outcomes are in State, the log and the metrics
+			wait, timeout = s.period, s.timeout
+		} else {
+			// Back off exponentially to maxBackoff: N replicas retrying
+			// every 5 ms against a restarting Redis would be a reconnect
+			// storm, and go-redis logs every failed dial. The timeout grows
+			// in proportion (still shorter than the wait, so syncs never
+			// overlap): a failed sync costs the next one a dial and a
+			// handshake on top of the transaction, and on a loaded machine
+			// a timeout sized for the steady state could fail that every
+			// time.
+			wait = min(2*wait, s.maxBackoff)
+			timeout = s.timeoutFor(wait)
+		}
+		t.Reset(max(0, wait-time.Since(begin)))
+	}
+}
+
+// timeoutFor is the sync timeout when the wait between syncs is wait:
+// Timeout scaled by wait/Period, so it stays shorter than the wait.
+func (s *InFlight) timeoutFor(wait time.Duration) time.Duration {
+	return time.Duration(float64(s.timeout) * float64(wait) / float64(s.period))
+}
+
+// Close closes the client New created from Options.Addr (a caller's Client
+// is left open). Call it after Run has returned; it fails with ErrRunning
+// otherwise.
+func (s *InFlight) Close() error {
+	if s.running.Load() {
+		return ErrRunning
+	}
+	if s.ownClient {
+		return s.client.Close()
+	}
+	return nil
+}
+
+// leave deletes this replica's key and drops the shared view.
+func (s *InFlight) leave(ctx context.Context) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	_, _ = s.client.TxPipelined(lctx, func(p redis.Pipeliner) error {
+		p.Del(lctx, s.key)
+		p.ZRem(lctx, s.members, s.id)
+		return nil
+	})
+	cancel()
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	changed := s.tr.stop()
+	s.apply(nil)
+	s.up.Store(false)
+	s.peers.Store(0)
+	if changed {
+		s.log.Info("redisshare: shared in-flight view stopped; routing on this replica's own counts",
+			"replica", s.id)
+	}
+}
+
+// Sync runs one cycle now: publish this replica's counts, fetch the others',
+// update the view. Run calls it every Period; tests and simulations may call
+// it directly instead of Run. It returns the Redis error, if any; the view
+// already reflects it (kept until stale beyond TTL, then dropped).
+func (s *InFlight) Sync(ctx context.Context) error { return s.sync(ctx, s.timeout) }
+
+// sync is Sync with the Redis calls bounded by timeout.
+func (s *InFlight) sync(ctx context.Context, timeout time.Duration) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	start := s.now()
+	snaps, err := s.exchange(ctx, start, timeout)
+	s.syncs.Add(1)
+	if err != nil {
+		s.syncErrors.Add(1)
+	}
+	was := s.tr.lastOK
+	others, up, changed := s.tr.observe(start, snaps, err)
+	if err == nil || changed {
+		s.apply(others)
+	}
+	s.up.Store(up)
+	if err == nil {
+		s.peers.Store(int64(len(snaps)))
+	} else if !up {
+		s.peers.Store(0)
+	}
+	switch {
+	case changed && up:
+		s.log.Info("redisshare: shared in-flight view up", "replica", s.id, "peers", len(snaps))
+	case changed:
+		s.log.Warn("redisshare: shared in-flight view down; routing on this replica's own counts",
+			"replica", s.id, "err", err, "last_sync_age", start.Sub(was))
+	}
+	return err
+}
+
+// apply stores the others' sums into the endpoints: absent names read 0 (an
+// endpoint nobody else holds goes to 0), names only the others know are
+// created so InFlight finds them.
+func (s *InFlight) apply(others map[string]int64) {
+	m := *s.eps.Load()
+	for name := range others {
+		if m[name] == nil {
+			s.Endpoint(name)
+		}
+	}
+	for name, e := range *s.eps.Load() {
+		e.others.Store(others[name])
+	}
+}
+
+// exchange is one sync's Redis traffic. One MULTI/EXEC transaction (one
+// round trip) replaces this replica's hash (DEL + HSET, so endpoints it no
+// longer holds disappear, and readers never see a half-written hash),
+// renews its expiry, records it in the member directory, trims the
+// directory, and reads the directory plus the hashes of the peers the last
+// sync listed. Peers new in the directory are read in a second round trip
+// in the same sync, so a new replica is visible within one period of its
+// first publish. Both round trips share one Timeout.
+func (s *InFlight) exchange(ctx context.Context, start time.Time, timeout time.Duration) ([]map[string]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	nowMs := start.UnixMilli()
+	fields := []any{heartbeatField, strconv.FormatInt(nowMs, 10)}
+	for name, e := range *s.eps.Load() {
+		if n := e.own.Load(); n > 0 && name != heartbeatField {
+			fields = append(fields, name, formatCount(min(n, MaxCount)))
+		}
+	}
+	known := s.known
+	var dir *redis.StringSliceCmd
+	hashes := make([]*redis.MapStringStringCmd, len(known))
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, s.key)
+		p.HSet(ctx, s.key, fields...)
+		p.PExpire(ctx, s.key, s.expiry)
+		p.ZAdd(ctx, s.members, redis.Z{Score: float64(nowMs), Member: s.id})
+		p.ZRemRangeByScore(ctx, s.members, "-inf", "("+strconv.FormatInt(nowMs-s.gcAge.Milliseconds(), 10))
+		p.PExpire(ctx, s.members, s.gcAge)
+		dir = p.ZRange(ctx, s.members, 0, -1)
+		for i, id := range known {
+			hashes[i] = p.HGetAll(ctx, s.peerKey(id))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var snaps []map[string]int64
+	add := func(h map[string]string) {
+		if len(h) == 0 { // expired (dead) or deleted (left)
+			return
+		}
+		counts, bad := parseSnapshot(h)
+		s.badFields.Add(int64(bad))
+		snaps = append(snaps, counts)
+	}
+	for _, c := range hashes {
+		add(c.Val())
+	}
+	ids := dir.Val()
+	var fresh []string
+	next := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if id == s.id {
+			continue
+		}
+		next = append(next, id)
+		if !slices.Contains(known, id) {
+			fresh = append(fresh, id)
+		}
+	}
+	if len(fresh) > 0 {
+		more := make([]*redis.MapStringStringCmd, len(fresh))
+		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range fresh {
+				more[i] = p.HGetAll(ctx, s.peerKey(id))
+			}
+			return nil
+		})
+		if err != nil {
+			// Keep s.known: the fresh ids are retried next sync.
+			return nil, err
+		}
+		for _, c := range more {
+			add(c.Val())
+		}
+	}
+	s.known = next
+	return snaps, nil
+}
+
+func (s *InFlight) peerKey(id string) string { return s.keyBase + id }
