@@ -429,9 +429,7 @@ func (d *Dispatcher[T]) enqueueFlow(b *band[T], id string, cost float64, deadlin
 		fs.full.Add(1)
 		return nil, ErrFlowFull
 	}
-	if !(cost > 0) || math.IsInf(cost, 1) {
-		cost = 1
-	}
+	cost = costOf(cost)
 	e := fentry[T]{item: item, due: noDeadline, cost: cost, flow: f}
 	if b.maxWait > 0 || fs.edf && !deadline.IsZero() {
 		now := d.nowNanos()
@@ -451,6 +449,15 @@ func (d *Dispatcher[T]) enqueueFlow(b *band[T], id string, cost float64, deadlin
 	}
 	d.wake()
 	return f, nil
+}
+
+// costOf is the cost an estimate stands for: ≤ 0, NaN or infinite means
+// unknown, counted as 1.
+func costOf(c float64) float64 {
+	if !(c > 0) || math.IsInf(c, 1) {
+		return 1
+	}
+	return c
 }
 
 // Charge corrects the cost of a released item of flow id on band by delta (the

@@ -64,10 +64,7 @@ func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (don
 	}
 	// The flow and the estimate are the waiter's: the dispatcher never
 	// reads them, so setting them after the enqueue races with nothing.
-	t.flow, t.cost = f, r.Cost
-	if !(t.cost > 0) || t.cost > 1e300 {
-		t.cost = 1
-	}
+	t.flow, t.cost = f, costOf(r.Cost)
 	return c.await(ctx, band, t, start, r)
 }
 
