@@ -146,3 +146,58 @@ func TestWaitRequestStress(t *testing.T) {
 	t.Logf("band 0: %+v", st.Bands[0])
 	t.Logf("band 1: %+v", st.Bands[1])
 }
+
+// Wait on a band with fairness queues in DefaultFlow; WaitRequest on an fcfs
+// band is Wait (its flow ignored, no flow kept); a nil Request is Wait.
+func TestWaitOnFlowBands(t *testing.T) {
+	c := newTestController(t, flowcontrol.ControllerConfig{Config: flowcontrol.Config{
+		Bands:  []flowcontrol.BandConfig{{Capacity: 4}, {Capacity: 4, Fairness: flowcontrol.FairnessRoundRobin}},
+		Source: newSat(0)}, Stepped: true})
+	defer c.Close()
+	release := func(band int, r *flowcontrol.Request) {
+		t.Helper()
+		ch := make(chan error, 1)
+		go func() {
+			var done func()
+			var err error
+			if r == nil {
+				done, err = c.Wait(context.Background(), band)
+			} else {
+				done, err = c.WaitRequest(context.Background(), band, r)
+			}
+			if err == nil {
+				done()
+			}
+			ch <- err
+		}()
+		for {
+			c.Step()
+			select {
+			case err := <-ch:
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			default:
+				runtimeGosched()
+			}
+		}
+	}
+	release(1, nil)
+	release(1, &flowcontrol.Request{Flow: "a"})
+	release(0, &flowcontrol.Request{Flow: "a"})
+	release(0, nil)
+	got := map[string]uint64{}
+	for _, f := range c.Flows(1) {
+		got[f.Flow] = f.Dispatched
+	}
+	if len(got) != 2 || got[flowcontrol.DefaultFlow] != 1 || got["a"] != 1 {
+		t.Fatalf("band 1 flows %v, want %s and a, one each", got, flowcontrol.DefaultFlow)
+	}
+	if f := c.Flows(0); f != nil {
+		t.Fatalf("fcfs band reports flows %v", f)
+	}
+	if st := c.Stats(); st.Bands[0].Dispatched != 2 || st.Bands[1].Dispatched != 2 || st.Bands[0].Flows != 0 || st.Bands[1].Flows != 2 {
+		t.Fatalf("stats %+v", st.Bands)
+	}
+}

@@ -95,3 +95,8 @@ func TestFlowLabelsCapped(t *testing.T) {
 	require.Equal(t, float64(d.Stats().Bands[0].Queued), total)
 	require.Equal(t, [2]float64{5 + 18, 0}, s["other"])
 }
+
+func TestMaxFlowLabelsValidated(t *testing.T) {
+	_, err := flowmetrics.New(1, flowmetrics.Options{MaxFlowLabels: -1})
+	require.ErrorContains(t, err, "MaxFlowLabels")
+}
