@@ -1,6 +1,7 @@
 package flowcontrol_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -64,5 +65,41 @@ func TestFlowsAllocFree(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestWaitRequestAllocs: a released WaitRequest for a known flow allocates
+// at most once (its done func), as Wait does; measured with Run ticking.
+func TestWaitRequestAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("race detector on: sync.Pool drops tickets at random")
+	}
+	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{
+		Bands:  []flowcontrol.BandConfig{{Capacity: 64, Fairness: flowcontrol.FairnessShare, FlowCapacity: 8}},
+		Source: newSat(0), Tick: 100 * time.Microsecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := c.Start(ctx)
+	r := &flowcontrol.Request{Flow: "tenant", Cost: 10}
+	wait := func() {
+		done, err := c.WaitRequest(context.Background(), 0, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Served = 12
+		done()
+	}
+	for range 100 {
+		wait()
+	}
+	a := testing.AllocsPerRun(1000, wait)
+	cancel()
+	<-runDone
+	c.Close()
+	t.Logf("WaitRequest released: %.2f allocations per call", a)
+	if a > 1 {
+		t.Errorf("WaitRequest released: %v allocations, want ≤ 1 (the done func)", a)
 	}
 }
