@@ -612,15 +612,21 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 // release: an open band drains its backlog only while it stays open, so a
 // source that counts dispatches at once (the in-flight credit) closes it
 // before the backlog floods the pool between two scrapes.
+// It is split in two so that this part, the test on the hot path, inlines.
 func (d *Dispatcher[T]) recheck(i int, b *band[T]) {
 	if b.gate == 1 && d.pacing.Recheck && b.budget > 0 {
-		g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
-		g.Every = min(max(g.Every, 0), MaxEvery)
-		if g.Every != 1 {
-			b.gate, b.budget = g.Every, 0
-			b.every.Store(int64(g.Every))
-			b.ceiling.Store(floatBits(g.Ceiling))
-		}
+		d.regate(i, b)
+	}
+}
+
+// regate is recheck's reading of the gate.
+func (d *Dispatcher[T]) regate(i int, b *band[T]) {
+	g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
+	g.Every = min(max(g.Every, 0), MaxEvery)
+	if g.Every != 1 {
+		b.gate, b.budget = g.Every, 0
+		b.every.Store(int64(g.Every))
+		b.ceiling.Store(floatBits(g.Ceiling))
 	}
 }
 

@@ -661,3 +661,33 @@ func TestIdleFlowsForgotten(t *testing.T) {
 		t.Fatalf("a came back: %v, want Dispatched 1 (afresh)", k)
 	}
 }
+
+// Pacing.Recheck holds for bands with fairness as for fcfs ones: an open
+// band whose saturation, counted at each dispatch, gates it stops draining
+// its backlog at once; without Recheck it drains all of it.
+func TestRecheckWithFlows(t *testing.T) {
+	for _, fair := range []string{"", flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare} {
+		for _, recheck := range []bool{false, true} {
+			sat := newSat(0.3)
+			released := 0
+			d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
+				Config: flowcontrol.Config{Bands: []flowcontrol.BandConfig{{Capacity: 8}, {Capacity: 8, Fairness: fair}},
+					Burst: 8, Source: sat, Pacing: flowcontrol.Pacing{Recheck: recheck}},
+				Dispatch: func(int, int) { released++; sat.Set(0.9) }, // the in-flight credit counts it at once
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 4 {
+				if err := d.EnqueueFlow(1, flowName(i%2), 1, time.Time{}, i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d.Step()
+			d.Close()
+			if want := map[bool]int{false: 4, true: 1}[recheck]; released != want {
+				t.Errorf("fairness %q, Recheck %v: released %d, want %d", fair, recheck, released, want)
+			}
+		}
+	}
+}
