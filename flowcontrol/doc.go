@@ -16,18 +16,26 @@
 // Every n on one tick in n, 0 blocked. The dispatcher counts, per band, the
 // ticks since the band last released and opens it when that count reaches
 // Every (not tick % Every), so a band's longest gap is bounded by the
-// largest Every it saw however the saturation moves. An open band releases
-// up to Burst items per tick, FIFO. Between ticks, an Enqueue wakes the
-// dispatcher to spend what the current tick has left, so an item on an open
-// band does not wait for the next tick. With every band empty the dispatcher
+// largest Every it saw however the saturation moves. A gated band that opens
+// releases up to Burst items, FIFO. Between ticks, an Enqueue wakes the
+// dispatcher at once, so an item on an open band does not wait for the next
+// tick. With every band empty the dispatcher
 // sleeps, and on waking credits the ticks it slept through: idle costs no
 // CPU and changes no count.
+//
+// What counts as an opportunity for a gated band is the Pacing: ticks by
+// default, or new saturation readings, completions and a time floor. An open
+// band (Every 1) has no budget at all: everything queued on it goes, and a
+// Controller.Wait on an open, empty band is released in the caller's
+// goroutine.
 //
 // The policies are pure functions of (band, bands, saturation): Static
 // (one threshold for every band) and SoftReflective (band 0 never gated;
 // band i's ceiling 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it,
 // blocked at 0). Their maths lives in policy.go; the tick loop in
-// dispatcher.go.
+// dispatcher.go. LLMDDispatcher (llmd.go) is llm-d's own discipline — one
+// item per cycle, strict priority, halting at the first gated band — kept
+// for comparison and for hosts migrating from llm-d.
 //
 // # Outcomes
 //
@@ -35,7 +43,9 @@
 // or dropped as cancelled (its owner gave up), expired (it waited past the
 // band's MaxWait) or closed (Close). A request that never enters is refused
 // with a sentinel error: ErrQueueFull, ErrClosed, ErrUnknownBand, and, for
-// Controller.Wait, ErrNotRunning or ErrCancelled for a context already done.
+// Controller.Wait, ErrNotRunning, ErrCancelled for a context already done,
+// or ErrShed from the optional admission stage (ControllerConfig.Admitter;
+// Probabilistic is llm-d's).
 // Stats counts each of them; ControllerConfig.OnOutcome reports each queued
 // outcome with the time waited, before the waiter wakes (package
 // flowmetrics builds its metrics on it).

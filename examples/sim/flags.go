@@ -36,6 +36,7 @@ type options struct {
 	pacing      flowcontrol.Pacing
 	shared      time.Duration
 	sharedExact bool
+	admission   bool
 	credit      bool
 	scrape      time.Duration
 	replicas    int
@@ -75,6 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.plot, "plot", "", "write an SVG chart of the changes (soft-reflective vs static) to this file")
 	fs.DurationVar(&o.tick, "tick", 0, "dispatcher tick (0 = flowcontrol.DefaultTick)")
 	fs.IntVar(&o.burst, "burst", 0, "items a gated band releases per opportunity (0 = flowcontrol.DefaultBurst); open bands release everything")
+	fs.BoolVar(&o.admission, "admission", false, "put llm-d's probabilistic admitter (sheddable shed with probability min(1, 300·s^5)) in front of each gateway")
 	shared := fs.String("shared-inflight", "off", "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms")
 	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION, recheck")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
@@ -196,7 +198,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
-		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact,
+		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Admission: o.admission,
 		Credit: o.credit, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}

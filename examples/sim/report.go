@@ -109,6 +109,7 @@ type jsonRecord struct {
 	Requests          int     `json:"requests"`
 	Completed         int     `json:"completed"`
 	Rejected          int     `json:"rejected"`
+	Shed              int     `json:"shed,omitempty"`
 	CriticalTTFTp50   float64 `json:"critical_ttft_p50_ms"`
 	CriticalTTFTp99   float64 `json:"critical_ttft_p99_ms"`
 	CriticalE2Ep99    float64 `json:"critical_e2e_p99_ms"`
@@ -132,6 +133,7 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 			Requests:          r.Critical.Requests + r.Sheddable.Requests,
 			Completed:         r.Critical.Completed + r.Sheddable.Completed,
 			Rejected:          r.Critical.Rejected + r.Sheddable.Rejected,
+			Shed:              r.Critical.Shed + r.Sheddable.Shed,
 			CriticalTTFTp50:   round3(r.Critical.TTFTp50),
 			CriticalTTFTp99:   round3(r.Critical.TTFTp99),
 			CriticalE2Ep99:    round3(r.Critical.E2Ep99),

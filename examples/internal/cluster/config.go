@@ -73,11 +73,14 @@ type Config struct {
 	// 0: "per request").
 	SharedInFlight      time.Duration
 	SharedInFlightExact bool
-	Credit              bool          // count dispatched-but-invisible requests as waiting
-	Scrape              time.Duration // metrics scrape interval (0 = 50 ms)
-	CV                  float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity            int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica             vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	// Admission puts llm-d's probabilistic admitter (flowcontrol.Probabilistic: sheddable
+	// shed with probability min(1, 300·s^5)) in front of each gateway's queue.
+	Admission bool
+	Credit    bool          // count dispatched-but-invisible requests as waiting
+	Scrape    time.Duration // metrics scrape interval (0 = 50 ms)
+	CV        float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity  int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica   vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
 	CatchUp int

@@ -10,6 +10,7 @@ type Class struct {
 	Requests  int // arrivals in the window
 	Completed int // finished (within the drain limit)
 	Rejected  int // refused by the gateway (queue full); expiries are off
+	Shed      int // refused by the admission stage (Config.Admission)
 	Timeouts  int // clients that gave up (Config.ClientTimeout) before completion
 	// TTFTp50 and TTFTp99 are in ms, over requests that got a first token and, counted
 	// at the client timeout (a lower bound: censored), those whose client gave up first.
@@ -73,6 +74,10 @@ func (s *sim) result() Result {
 		cl.Requests++
 		if q.rejected {
 			cl.Rejected++
+			continue
+		}
+		if q.shed {
+			cl.Shed++
 			continue
 		}
 		if q.first >= 0 {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
@@ -75,6 +76,7 @@ type request struct {
 	first    int64         // -1 until the first token
 	done     int64         // -1 until finished
 	rejected bool          // the gateway refused it (queue full)
+	shed     bool          // the admission stage shed it (Config.Admission)
 	timedOut bool          // its client gave up before it completed
 	vr       *vllm.Request // its own allocation: the replica keeps the pointer while reqs grows
 }
@@ -83,6 +85,7 @@ type gateway struct {
 	d        *flowcontrol.Dispatcher[int32]     // Static, SoftReflective
 	l        *flowcontrol.LLMDDispatcher[int32] // LLMDStatic, LLMDSoftReflective
 	llmdSoft *flowcontrol.LLMDSoftReflectivePolicy
+	admit    *flowcontrol.Probabilistic // Config.Admission
 	gen      *workload.Generator
 	next     workload.Arrival
 	hasNext  bool
@@ -152,6 +155,17 @@ func (s *sim) nowTime() time.Time { return s.base.Add(time.Duration(s.now)) }
 type source struct {
 	s *sim
 	g *gateway
+}
+
+// admitSource is the admission stage's saturation: the pool score of the gateway's
+// readings by the reference formula, without in-flight credit.
+type admitSource struct {
+	s *sim
+	g *gateway
+}
+
+func (a admitSource) Saturation() float64 {
+	return saturation.Scorer{}.Pool(a.g.readings, a.s.nowTime())
 }
 
 // ReadingSeq counts the gateway's scrapes (flowcontrol.ReadingSource), for
@@ -228,6 +242,17 @@ func run(cfg Config) (*sim, error) {
 		gw := &gateway{gen: gen, inflight: make([]int64, cfg.Replicas), others: make([]int64, cfg.Replicas),
 			readings: make([]saturation.Reading, cfg.Replicas), lastTick: -1}
 		gi := int32(g)
+		if cfg.Admission {
+			// llm-d's probabilistic admitter, scoring the gateway's scraped
+			// readings with the reference formula (no in-flight credit, as
+			// llm-d's admitter does), with its own seeded stream.
+			a, err := flowcontrol.NewProbabilistic(flowcontrol.ProbabilisticConfig{
+				Source: admitSource{s, gw}, Rand: rand.NewPCG(cfg.Seed, 0xad00+uint64(g))})
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			}
+			gw.admit = a
+		}
 		if err := s.newGatewayQueue(gw, gi); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
@@ -494,6 +519,10 @@ func (s *sim) arrive(g *gateway, gi int32) {
 	band := BandSheddable
 	if a.Critical {
 		band = BandCritical
+	}
+	if g.admit != nil && !g.admit.Admit(band, bands) {
+		s.reqs[id].shed = true // refused before any queue: it ends here
+		return
 	}
 	if s.cfg.ClientTimeout > 0 {
 		// Deadlines are arrival + a constant, so each gateway's are in arrival order:

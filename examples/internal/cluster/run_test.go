@@ -338,3 +338,45 @@ func TestEventHeapOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmissionShedsSheddableOnly: with the admission stage in front of the
+// queues, above capacity some sheddable requests are shed, no critical one;
+// a shed request never reaches a queue or a replica; every other request
+// completes; and the run is exact under tick skipping.
+func TestAdmissionShedsSheddableOnly(t *testing.T) {
+	for _, policy := range []string{None, SoftReflective} {
+		c := short(workload.Codegen, 32, policy)
+		c.Duration = 15 * time.Second
+		c.Admission = true
+		s, err := run(c)
+		require.NoError(t, err)
+		shed, dispatchedOrDone := 0, 0
+		for i := range s.reqs {
+			q := &s.reqs[i]
+			if q.shed {
+				shed++
+				require.False(t, q.critical, "request %d: a critical request was shed", i)
+				require.Equal(t, int64(-1), q.dispatch, "a shed request was dispatched")
+				require.Equal(t, int32(-1), q.replica)
+				continue
+			}
+			require.GreaterOrEqual(t, q.done, int64(0), "request %d finished", i)
+			dispatchedOrDone++
+		}
+		res := s.result()
+		require.Equal(t, shed, res.Sheddable.Shed)
+		require.Zero(t, res.Critical.Shed)
+		require.Positive(t, shed, "%s: nothing shed at twice the capacity", policy)
+		require.Equal(t, len(s.reqs), shed+dispatchedOrDone)
+
+		c.CatchUp = 1 << 30
+		skip, err := Run(c)
+		require.NoError(t, err)
+		c.noSkip = true
+		every, err := Run(c)
+		require.NoError(t, err)
+		require.InDelta(t, every.MeanSaturation, skip.MeanSaturation, 1e-9)
+		every.MeanSaturation = skip.MeanSaturation
+		require.Equal(t, every, skip)
+	}
+}
