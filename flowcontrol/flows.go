@@ -326,9 +326,13 @@ type flows[T any] struct {
 	rr      fifo[*flow[T]]
 	vt      flowHeap[T]
 	ex      flowHeap[T]
-	vtime   float64
-	seq     uint64
-	order   uint64
+	vtime   float64 // fair-share virtual time
+	// maxFinish is the largest finish tag given: at the end of a busy
+	// period (no flow backlogged) the virtual time moves up to it, as in
+	// SFQ, so that no idle flow is ahead of it (see forget).
+	maxFinish float64
+	seq       uint64
+	order     uint64
 }
 
 func newFlows[T any](bc BandConfig) *flows[T] {
@@ -544,10 +548,21 @@ func (fs *flows[T]) took(f *flow[T], now int64) {
 	if f.len() == 0 {
 		fs.vt.remove(f)
 		fs.ex.remove(f)
+		fs.idleCheck()
 		return
 	}
 	if fs.timed {
 		fs.ex.fix(f)
+	}
+}
+
+// idleCheck ends a fair-share busy period: with no flow backlogged, the
+// virtual time moves up to the largest finish tag given (SFQ's rule), so
+// every idle flow's history is spent and a flow that comes back starts at
+// the virtual time whether or not it was forgotten meanwhile.
+func (fs *flows[T]) idleCheck() {
+	if fs.fair == fairShare && len(fs.vt.fs) == 0 {
+		fs.vtime = max(fs.vtime, fs.maxFinish)
 	}
 }
 
@@ -605,12 +620,14 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 				// in service; the flow's next item starts where this
 				// one finishes (corrections included, never before
 				// the virtual time).
-				fs.vtime = f.start
+				fs.vtime = max(fs.vtime, f.start)
 				f.finish = f.start + e.cost + f.takeCharge()
+				fs.maxFinish = max(fs.maxFinish, f.finish)
 				f.start = max(fs.vtime, f.finish)
 				if f.vtIdx >= 0 {
 					fs.vt.fix(f)
 				}
+				fs.idleCheck()
 			}
 			bump(&b.dispatched)
 			f.dispatched.Store(f.dispatched.Load() + 1)
@@ -712,6 +729,15 @@ func (d *Dispatcher[T]) reapFlows(i int, b *band[T], now int64) {
 // compare-and-swap from 0 to deadFlow is what makes it race free with
 // producers: a producer that counted first keeps the flow alive; one that
 // counts after sees it dead and looks the id up again.
+//
+// Forgetting never changes what is released, only what is remembered: a
+// flow is kept while its turn is still queued in the round-robin list (a
+// returning flow would keep that place; a new one goes to the back) and,
+// under fair-share, while its finish tag is ahead of the virtual time or a
+// correction is pending (a returning flow would start later; a new one at
+// the virtual time) — which ends with the busy period (see idleCheck). So a
+// host that skips ticks (Skip, Run's idle sleep), and so sweeps at other
+// moments, releases exactly what continuous ticking releases.
 func (fs *flows[T]) forget(now int64) {
 	if now-fs.lastTick < fs.idle/4 {
 		return
@@ -719,15 +745,12 @@ func (fs *flows[T]) forget(now int64) {
 	fs.lastTick = now
 	for k := 0; k < len(fs.all); {
 		f := fs.all[k]
-		// A flow still in the round-robin list (emptied by expiry or
-		// a sweep in a band that has not released since) may go too:
-		// a forgotten flow never gets items again, so when its turn
-		// comes it is found empty and leaves the list.
-		if f.len() != 0 || now-f.last < fs.idle || !f.count.CompareAndSwap(0, deadFlow) {
+		if f.len() != 0 || f.inList || f.finish > fs.vtime || f.charge.Load() != 0 || now-f.last < fs.idle || !f.count.CompareAndSwap(0, deadFlow) {
 			k++
 			continue
 		}
 		fs.ids.CompareAndDelete(f.id, f)
+		fs.last.CompareAndSwap(f, nil)
 		last := len(fs.all) - 1
 		fs.all[k] = fs.all[last]
 		fs.all[last] = nil

@@ -2,6 +2,7 @@ package flowcontrol_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -115,9 +116,12 @@ func (p everyPolicy) Gate(band, bands int, s float64) flowcontrol.Gate {
 }
 
 // sfqModel is start-time fair queuing restated over a gods priority queue
-// of active flows, keyed by (virtual start tag, activation order).
+// of active flows, keyed by (virtual start tag, activation order): V is the
+// start tag of the item in service, and the largest finish tag given when a
+// busy period ends.
 type sfqModel struct {
 	vtime  float64
+	maxFin float64 // the largest finish tag: V at the end of a busy period
 	finish map[int]float64
 	start  map[int]float64
 	order  map[int]int
@@ -165,9 +169,14 @@ func (m *sfqModel) release() (int, int, float64, bool) {
 	it, _ := m.items[f].Dequeue()
 	m.vtime = m.start[f]
 	m.finish[f] = m.start[f] + it[1]
+	m.maxFin = math.Max(m.maxFin, m.finish[f])
 	m.start[f] = math.Max(m.vtime, m.finish[f])
 	if !m.items[f].Empty() {
 		m.active.Enqueue(f)
+	}
+	if m.active.Empty() {
+		// End of a busy period: V jumps to the largest finish tag.
+		m.vtime = math.Max(m.vtime, m.maxFin)
 	}
 	return f, int(it[0]), it[1], true
 }
@@ -690,4 +699,80 @@ func TestRecheckWithFlows(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Forgetting is invisible to the order: the same run of enqueues (costs,
+// flows coming and going), charges, cancellations and ticks, on a clock
+// that advances, releases exactly the same items at the same ticks whether
+// idle flows are forgotten after 1 ms or remembered for an hour.
+func TestForgettingInvisible(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		fair := rapid.SampledFrom([]string{flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}).Draw(t, "fairness")
+		ord := rapid.SampledFrom([]string{flowcontrol.OrderingFCFS, flowcontrol.OrderingEDF}).Draw(t, "ordering")
+		burst := rapid.IntRange(1, 3).Draw(t, "burst")
+		clk := newFakeClock()
+		dead := map[int]bool{}
+		var ra, rb rec
+		mk := func(idle time.Duration, r *rec) *flowcontrol.Dispatcher[int] {
+			return newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+				Bands:  []flowcontrol.BandConfig{{Capacity: 32, Fairness: fair, Ordering: ord, FlowIdle: idle}},
+				Burst:  burst, Source: newSat(0), Policy: everyPolicy(2), Now: clk.Now},
+				Abandoned: func(i int) bool { return dead[i] }}, r)
+		}
+		a, b := mk(time.Millisecond, &ra), mk(time.Hour, &rb)
+		defer a.Close()
+		defer b.Close()
+		next := 0
+		for range rapid.IntRange(1, 200).Draw(t, "actions") {
+			switch rapid.IntRange(0, 5).Draw(t, "op") {
+			case 0, 1:
+				f := flowName(rapid.IntRange(0, 3).Draw(t, "flow"))
+				c := float64(rapid.IntRange(1, 9).Draw(t, "cost"))
+				dl := clk.Now().Add(time.Duration(rapid.IntRange(1, 9).Draw(t, "deadlineMs")) * time.Millisecond)
+				ea, eb := a.EnqueueFlow(0, f, c, dl, next), b.EnqueueFlow(0, f, c, dl, next)
+				if (ea == nil) != (eb == nil) {
+					t.Fatalf("enqueue: %v and %v", ea, eb)
+				}
+				next++
+			case 2:
+				f := flowName(rapid.IntRange(0, 3).Draw(t, "flow"))
+				delta := float64(rapid.IntRange(-5, 20).Draw(t, "delta"))
+				a.Charge(0, f, delta)
+				b.Charge(0, f, delta)
+			case 3:
+				if next > 0 {
+					id := rapid.IntRange(0, next-1).Draw(t, "cancel")
+					dead[id] = true
+					a.Abandon(0)
+					b.Abandon(0)
+				}
+			case 4:
+				clk.Advance(time.Duration(rapid.IntRange(0, 3).Draw(t, "ms")) * time.Millisecond)
+			case 5:
+				a.Step()
+				b.Step()
+				// Releases in order; drops as a set (a sweep's
+				// drops come in the order of the band's flow
+				// list, which forgetting reshuffles).
+				if ga, gb := outcomes(ra.take()), outcomes(rb.take()); ga != gb {
+					t.Fatalf("forgetting changed the outcomes:\nforgetting: %s\nremembering: %s", ga, gb)
+				}
+			}
+		}
+	})
+}
+
+// outcomes prints the dispatched items in order, then the drops sorted.
+func outcomes(evs []event) string {
+	var sent []int
+	var dropped []string
+	for _, e := range evs {
+		if e.reason == nil {
+			sent = append(sent, e.item)
+		} else {
+			dropped = append(dropped, fmt.Sprint(e.item, e.reason))
+		}
+	}
+	slices.Sort(dropped)
+	return fmt.Sprint(sent, dropped)
 }
