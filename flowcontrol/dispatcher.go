@@ -244,7 +244,7 @@ func (d *Dispatcher[T]) Enqueue(bandIdx int, item T) error {
 	}
 	b := &d.bands[bandIdx]
 	if b.flows != nil {
-		_, err := d.enqueueFlow(b, DefaultFlow, 1, time.Time{}, item)
+		_, err := d.enqueueFlow(b, DefaultFlow, 1, time.Time{}, item, false)
 		return err
 	}
 	// Reserve a slot first, then check closed. Close stores closed and

@@ -76,6 +76,17 @@ type flow[T any] struct {
 	count      atomic.Int64  // items accepted and not yet ended; deadFlow once forgotten
 	dispatched atomic.Uint64 // single writer: the tick
 	charge     atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
+	// pins counts the Controller requests of the flow queued or in
+	// flight (WaitRequest until its done): a pinned flow is not
+	// forgotten, so the correction a long request reports at its done
+	// lands on the flow that will pay it.
+	pins atomic.Int64
+	// charged says f is on its band's list of charged flows; nextCharged
+	// links that list (written by the producer that pushes f, read by the
+	// tick after it takes the list).
+	charged     atomic.Bool
+	nextCharged *flow[T]
+	fs          *flows[T]
 
 	// tick state
 	reg    bool            // in band.all
@@ -91,7 +102,9 @@ type flow[T any] struct {
 	last   int64   // the last time an item of the flow arrived or ended
 }
 
-// addCharge adds delta to the flow's pending correction. Any goroutine.
+// addCharge adds delta to the flow's pending correction and, if the flow is
+// not on it already, pushes it on its band's list of charged flows (a
+// lock-free stack), which the next run applies. Any goroutine.
 func (f *flow[T]) addCharge(delta float64) {
 	if delta == 0 || math.IsNaN(delta) || math.IsInf(delta, 0) {
 		return
@@ -99,8 +112,48 @@ func (f *flow[T]) addCharge(delta float64) {
 	for {
 		old := f.charge.Load()
 		if f.charge.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+delta)) {
+			break
+		}
+	}
+	if f.fs == nil || !f.charged.CompareAndSwap(false, true) {
+		return
+	}
+	for {
+		head := f.fs.charged.Load()
+		f.nextCharged = head
+		if f.fs.charged.CompareAndSwap(head, f) {
+			f.fs.dirty.Store(true)
 			return
 		}
+	}
+}
+
+// applyCharges applies the corrections reported since the last run, at the
+// start of each run (so when a correction takes effect depends on when it
+// was reported, not on when the flow is next touched, nor on whether it was
+// forgotten meanwhile). A backlogged flow's next item starts where its last
+// one really finished; an idle flow pays from the virtual time on (idleness
+// does not forgive a correction).
+func (fs *flows[T]) applyCharges() {
+	if !fs.dirty.Load() {
+		return
+	}
+	fs.dirty.Store(false)
+	for f := fs.charged.Swap(nil); f != nil; {
+		next := f.nextCharged
+		f.nextCharged = nil
+		f.charged.Store(false) // after reading next: a producer may push f again now
+		if c := f.takeCharge(); c != 0 && fs.fair == fairShare {
+			if f.vtIdx >= 0 {
+				f.finish += c
+				f.start = max(fs.vtime, f.finish)
+				fs.vt.fix(f)
+			} else {
+				f.finish = max(fs.vtime, f.finish) + c
+				fs.maxFinish = max(fs.maxFinish, f.finish)
+			}
+		}
+		f = next
 	}
 }
 
@@ -320,6 +373,11 @@ type flows[T any] struct {
 	known    atomic.Int64 // len(all), for Stats
 	lastTick int64        // last idle sweep
 
+	// charged is the list of flows with corrections to apply (see
+	// addCharge); dirty says it may be non-empty (one load per run).
+	charged atomic.Pointer[flow[T]]
+	dirty   atomic.Bool
+
 	// tick state
 	scratch [64]fentry[T] // drain's buffer
 	all     []*flow[T]
@@ -361,7 +419,7 @@ func (fs *flows[T]) lookup(id string) *flow[T] {
 		if f == nil || f.id != id {
 			v, ok := fs.ids.Load(id)
 			if !ok {
-				nf := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1}
+				nf := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
 				v, _ = fs.ids.LoadOrStore(id, nf)
 			}
 			f = v.(*flow[T])
@@ -399,13 +457,14 @@ func (d *Dispatcher[T]) EnqueueFlow(bandIdx int, id string, cost float64, deadli
 	if b.flows == nil {
 		return d.Enqueue(bandIdx, item)
 	}
-	_, err := d.enqueueFlow(b, id, cost, deadline, item)
+	_, err := d.enqueueFlow(b, id, cost, deadline, item, false)
 	return err
 }
 
 // enqueueFlow enqueues onto a flow band and returns the item's flow (for
-// Controller's cost correction).
-func (d *Dispatcher[T]) enqueueFlow(b *band[T], id string, cost float64, deadline time.Time, item T) (*flow[T], error) {
+// Controller's cost correction), pinned if pin is set: the caller unpins it
+// (flow.pins) when the request ends.
+func (d *Dispatcher[T]) enqueueFlow(b *band[T], id string, cost float64, deadline time.Time, item T, pin bool) (*flow[T], error) {
 	fs := b.flows
 	// The band's slot first (as Enqueue: see there for the Close
 	// protocol), then the flow's: a flow is created only for an item
@@ -433,6 +492,11 @@ func (d *Dispatcher[T]) enqueueFlow(b *band[T], id string, cost float64, deadlin
 		fs.full.Add(1)
 		return nil, ErrFlowFull
 	}
+	if pin {
+		// The flow holds this item (count ≥ 1), so it cannot be
+		// forgotten before the pin is in place.
+		f.pins.Add(1)
+	}
 	cost = costOf(cost)
 	e := fentry[T]{item: item, due: noDeadline, cost: cost, flow: f}
 	if b.maxWait > 0 || fs.edf && !deadline.IsZero() {
@@ -446,6 +510,9 @@ func (d *Dispatcher[T]) enqueueFlow(b *band[T], id string, cost float64, deadlin
 	}
 	if !fs.ring.TryPush(e) {
 		// Unreachable: queued ≤ Capacity ≤ ring capacity.
+		if pin {
+			f.pins.Add(-1)
+		}
 		f.count.Add(-1)
 		b.queued.Add(-1)
 		b.full.Add(1)
@@ -491,6 +558,7 @@ func (d *Dispatcher[T]) Charge(bandIdx int, id string, delta float64) {
 // history (an idle flow's finish tag is at most the virtual time it left).
 func (d *Dispatcher[T]) drain(b *band[T], now int64) {
 	fs := b.flows
+	fs.applyCharges()
 	// Claim the ring in runs (one compare-and-swap per run rather than
 	// per item) through a scratch buffer owned, like the rest, by the tick.
 	for {
@@ -525,7 +593,6 @@ func (fs *flows[T]) route(e *fentry[T], now int64) {
 				fs.rr.push(f)
 			}
 		case fairShare:
-			f.finish += f.takeCharge()
 			f.start = max(fs.vtime, f.finish)
 			f.order = fs.order
 			fs.order++
@@ -621,7 +688,7 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 				// one finishes (corrections included, never before
 				// the virtual time).
 				fs.vtime = max(fs.vtime, f.start)
-				f.finish = f.start + e.cost + f.takeCharge()
+				f.finish = f.start + e.cost
 				fs.maxFinish = max(fs.maxFinish, f.finish)
 				f.start = max(fs.vtime, f.finish)
 				if f.vtIdx >= 0 {
@@ -735,7 +802,9 @@ func (d *Dispatcher[T]) reapFlows(i int, b *band[T], now int64) {
 // returning flow would keep that place; a new one goes to the back) and,
 // under fair-share, while its finish tag is ahead of the virtual time or a
 // correction is pending (a returning flow would start later; a new one at
-// the virtual time) — which ends with the busy period (see idleCheck). So a
+// the virtual time) — which ends with the busy period (see idleCheck); and
+// while a Controller request of it is in flight (its done will charge it).
+// So a
 // host that skips ticks (Skip, Run's idle sleep), and so sweeps at other
 // moments, releases exactly what continuous ticking releases.
 func (fs *flows[T]) forget(now int64) {
@@ -745,7 +814,8 @@ func (fs *flows[T]) forget(now int64) {
 	fs.lastTick = now
 	for k := 0; k < len(fs.all); {
 		f := fs.all[k]
-		if f.len() != 0 || f.inList || f.finish > fs.vtime || f.charge.Load() != 0 || now-f.last < fs.idle || !f.count.CompareAndSwap(0, deadFlow) {
+		if f.len() != 0 || f.inList || f.finish > fs.vtime || f.charged.Load() || f.pins.Load() != 0 ||
+			now-f.last < fs.idle || !f.count.CompareAndSwap(0, deadFlow) {
 			k++
 			continue
 		}

@@ -702,9 +702,11 @@ func TestRecheckWithFlows(t *testing.T) {
 }
 
 // Forgetting is invisible to the order: the same run of enqueues (costs,
-// flows coming and going), charges, cancellations and ticks, on a clock
-// that advances, releases exactly the same items at the same ticks whether
-// idle flows are forgotten after 1 ms or remembered for an hour.
+// flows coming and going), charges of released items (before the clock
+// moves on: a Controller pins a flow until its done charges it),
+// cancellations and ticks, on a clock that advances, releases exactly the
+// same items at the same ticks whether idle flows are forgotten after 1 ms
+// or remembered for an hour.
 func TestForgettingInvisible(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		fair := rapid.SampledFrom([]string{flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}).Draw(t, "fairness")
@@ -715,14 +717,16 @@ func TestForgettingInvisible(t *testing.T) {
 		var ra, rb rec
 		mk := func(idle time.Duration, r *rec) *flowcontrol.Dispatcher[int] {
 			return newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-				Bands:  []flowcontrol.BandConfig{{Capacity: 32, Fairness: fair, Ordering: ord, FlowIdle: idle}},
-				Burst:  burst, Source: newSat(0), Policy: everyPolicy(2), Now: clk.Now},
+				Bands: []flowcontrol.BandConfig{{Capacity: 32, Fairness: fair, Ordering: ord, FlowIdle: idle}},
+				Burst: burst, Source: newSat(0), Policy: everyPolicy(2), Now: clk.Now},
 				Abandoned: func(i int) bool { return dead[i] }}, r)
 		}
 		a, b := mk(time.Millisecond, &ra), mk(time.Hour, &rb)
 		defer a.Close()
 		defer b.Close()
 		next := 0
+		flowOf := map[int]string{}
+		var released []string // flows released at the last step: what a host charges
 		for range rapid.IntRange(1, 200).Draw(t, "actions") {
 			switch rapid.IntRange(0, 5).Draw(t, "op") {
 			case 0, 1:
@@ -733,9 +737,17 @@ func TestForgettingInvisible(t *testing.T) {
 				if (ea == nil) != (eb == nil) {
 					t.Fatalf("enqueue: %v and %v", ea, eb)
 				}
+				flowOf[next] = f
 				next++
 			case 2:
-				f := flowName(rapid.IntRange(0, 3).Draw(t, "flow"))
+				// A host charges a released item's flow when the
+				// request ends (Controller's done does, and pins
+				// the flow till then): here before the clock moves
+				// on from its release.
+				if len(released) == 0 {
+					continue
+				}
+				f := rapid.SampledFrom(released).Draw(t, "charged")
 				delta := float64(rapid.IntRange(-5, 20).Draw(t, "delta"))
 				a.Charge(0, f, delta)
 				b.Charge(0, f, delta)
@@ -748,9 +760,16 @@ func TestForgettingInvisible(t *testing.T) {
 				}
 			case 4:
 				clk.Advance(time.Duration(rapid.IntRange(0, 3).Draw(t, "ms")) * time.Millisecond)
+				released = nil
 			case 5:
 				a.Step()
 				b.Step()
+				released = nil
+				for _, e := range ra.events {
+					if e.reason == nil {
+						released = append(released, flowOf[e.item])
+					}
+				}
 				// Releases in order; drops as a set (a sweep's
 				// drops come in the order of the band's flow
 				// list, which forgetting reshuffles).

@@ -57,7 +57,7 @@ func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (don
 		start = c.now()
 		t.start = start
 	}
-	f, err := c.d.enqueueFlow(&c.d.bands[band], r.Flow, r.Cost, r.Deadline, t)
+	f, err := c.d.enqueueFlow(&c.d.bands[band], r.Flow, r.Cost, r.Deadline, t, true)
 	if err != nil {
 		c.pool.Put(t)
 		return noop, err
@@ -65,16 +65,21 @@ func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (don
 	// The flow and the estimate are the waiter's: the dispatcher never
 	// reads them, so setting them after the enqueue races with nothing.
 	t.flow, t.cost = f, costOf(r.Cost)
-	return c.await(ctx, band, t, start, r)
+	done, err = c.await(ctx, band, t, start, r)
+	if err != nil {
+		f.pins.Add(-1) // not released: nothing to charge
+	}
+	return done, err
 }
 
 // doneServed is done for a WaitRequest: it charges the flow the difference
 // between the cost served and the estimate before releasing the slot.
 func (t *ticket) doneServed(gen uint64, r *Request, f *flow[*ticket], est float64) {
 	if t.gen.CompareAndSwap(gen, 0) {
-		if r.Served > 0 && f != nil {
+		if r.Served > 0 {
 			f.addCharge(r.Served - est)
 		}
+		f.pins.Add(-1) // after the charge: the flow may now be forgotten
 		c := t.c
 		c.inflight.Add(-1)
 		if c.hook != nil {
