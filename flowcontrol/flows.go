@@ -534,11 +534,15 @@ func costOf(c float64) float64 {
 // Charge corrects the cost of a released item of flow id on band by delta (the
 // real cost minus the estimate given at EnqueueFlow; negative gives
 // service back). Under fair-share it moves the flow's virtual finish tag,
-// so a flow that under-estimates pays for it at its next releases; it is
-// applied at the flow's next release (or activation), and a flow never
-// starts behind the current virtual time for it. Other bands, unknown
-// flows, and a NaN or infinite delta are ignored. Safe from any goroutine;
-// alloc-free.
+// so a flow that under-estimates pays for it at its next releases. It takes
+// effect at the next run (Step or Poll; Run polls at once); a flow never
+// starts before the current virtual time because of it, and an idle flow
+// pays it from the virtual time on (idleness does not forgive it). A flow
+// set ahead of the virtual time by a correction is remembered until the
+// virtual time catches up. Other bands, a NaN or infinite delta, and a flow
+// the band does not know (never seen, or forgotten: charge within FlowIdle
+// of the flow's last item; Controller's done always does) are ignored. Safe
+// from any goroutine; alloc-free.
 func (d *Dispatcher[T]) Charge(bandIdx int, id string, delta float64) {
 	if uint(bandIdx) >= uint(len(d.bands)) || d.bands[bandIdx].flows == nil {
 		return

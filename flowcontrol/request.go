@@ -28,9 +28,11 @@ type Request struct {
 	// the request with ErrExpired; elsewhere it is ignored. Zero = none.
 	Deadline time.Time
 	// Served is set by the handler, before calling done, to the real
-	// cost (same unit as Cost); done charges Served − Cost to the flow.
-	// 0 leaves the estimate standing. done reads it once, on the
-	// handler's side: it must not be written concurrently with done.
+	// cost (same unit as Cost); done charges Served − Cost to the flow
+	// (see Dispatcher.Charge), which stays remembered until then however
+	// long the request runs. 0 leaves the estimate standing. done reads
+	// it once, on the handler's side: it must not be written
+	// concurrently with done.
 	Served float64
 }
 
