@@ -32,7 +32,48 @@ type BandConfig struct {
 	// limit. The dispatcher itself does not count bytes; it validates the
 	// field and hands it back through Controller.Bands.
 	MaxBytes int64
+	// Fairness says how the band shares its releases between flows
+	// (tenants; see EnqueueFlow and Controller.WaitRequest): FairnessFCFS
+	// ("fcfs", the default "") keeps the band one logical FIFO, exactly
+	// as without flows; FairnessRoundRobin releases one item per active
+	// flow in turn; FairnessShare is start-time fair queuing on the
+	// items' cost. See flows.go for the cost of each.
+	Fairness string
+	// FlowCapacity bounds the items one flow may hold in the band
+	// (0 = no bound, else 1..Capacity): beyond it EnqueueFlow and
+	// WaitRequest return ErrFlowFull (which wraps ErrQueueFull), so a
+	// noisy flow is refused before it fills the band for everyone. It
+	// needs a Fairness other than fcfs.
+	FlowCapacity int
+	// Ordering orders the items within a flow: OrderingFCFS ("fcfs", the
+	// default "") or OrderingEDF ("edf": earliest deadline first, the
+	// deadline being the earlier of the item's MaxWait deadline and its
+	// own, EnqueueFlow's deadline or Request.Deadline). It needs a
+	// Fairness other than fcfs.
+	Ordering string
+	// FlowIdle is how long a flow of the band with nothing queued is
+	// remembered (its fair-share tags, its counters in Flows) before it
+	// is forgotten: 0 means DefaultFlowIdle. It bounds the memory held
+	// for flows that came once.
+	FlowIdle time.Duration
 }
+
+// Fairness and ordering names (BandConfig.Fairness, BandConfig.Ordering).
+const (
+	FairnessFCFS       = "fcfs"
+	FairnessRoundRobin = "round-robin"
+	FairnessShare      = "fair-share"
+	OrderingFCFS       = "fcfs"
+	OrderingEDF        = "edf"
+)
+
+// DefaultFlowIdle is BandConfig.FlowIdle's default. A minute is longer than
+// any sensible MaxWait and than a few metric scrape intervals (so a tenant
+// that sends every 20 s keeps its series and its fair-share history), and
+// short enough that a gateway seeing many one-off ids holds only those of
+// the last minute. Forgetting costs a returning flow nothing under
+// fair-share: an idle flow restarts at the current virtual time anyway.
+const DefaultFlowIdle = time.Minute
 
 // Config holds what DispatcherConfig and ControllerConfig share. Zero values
 // of optional fields take the documented defaults.
@@ -160,6 +201,9 @@ func (c *Config) check() ([]BandConfig, error) {
 		if b.MaxBytes < 0 {
 			return nil, fmt.Errorf("%w: Bands[%d].MaxBytes must be ≥ 0 (0 = no limit), got %d", ErrInvalidConfig, i, b.MaxBytes)
 		}
+		if err := checkFairness(i, &b); err != nil {
+			return nil, err
+		}
 		bands[i] = b
 	}
 	if c.Source == nil {
@@ -193,3 +237,40 @@ func checkName(name string) error {
 	}
 	return nil
 }
+
+// checkFairness validates the fairness fields of band i. The defaults ("" is
+// fcfs, FlowIdle 0 is DefaultFlowIdle) are resolved where they are used, not
+// written back: BandConfigs returns these fields as given.
+func checkFairness(i int, b *BandConfig) error {
+	switch b.Fairness {
+	case "", FairnessFCFS, FairnessRoundRobin, FairnessShare:
+	default:
+		return fmt.Errorf("%w: Bands[%d].Fairness %q: want %q, %q or %q", ErrInvalidConfig, i, b.Fairness, FairnessFCFS, FairnessRoundRobin, FairnessShare)
+	}
+	switch b.Ordering {
+	case "", OrderingFCFS, OrderingEDF:
+	default:
+		return fmt.Errorf("%w: Bands[%d].Ordering %q: want %q or %q", ErrInvalidConfig, i, b.Ordering, OrderingFCFS, OrderingEDF)
+	}
+	if b.FlowCapacity < 0 || b.FlowCapacity > b.Capacity {
+		return fmt.Errorf("%w: Bands[%d].FlowCapacity must be in 0..Capacity (%d; 0 = no bound), got %d", ErrInvalidConfig, i, b.Capacity, b.FlowCapacity)
+	}
+	if b.FlowIdle < 0 {
+		return fmt.Errorf("%w: Bands[%d].FlowIdle must be ≥ 0 (0 = default %v), got %v", ErrInvalidConfig, i, DefaultFlowIdle, b.FlowIdle)
+	}
+	// An fcfs band is one ring and nothing else (today's path, at today's
+	// cost): it has no per-flow state to bound or order.
+	if !b.flowed() {
+		if b.FlowCapacity != 0 {
+			return fmt.Errorf("%w: Bands[%d].FlowCapacity needs Fairness %q or %q, not %q", ErrInvalidConfig, i, FairnessRoundRobin, FairnessShare, FairnessFCFS)
+		}
+		if b.Ordering == OrderingEDF {
+			return fmt.Errorf("%w: Bands[%d].Ordering %q needs Fairness %q or %q, not %q", ErrInvalidConfig, i, b.Ordering, FairnessRoundRobin, FairnessShare, FairnessFCFS)
+		}
+	}
+	return nil
+}
+
+// flowed reports whether the band keys its items by flow (a Fairness other
+// than fcfs).
+func (b *BandConfig) flowed() bool { return b.Fairness != "" && b.Fairness != FairnessFCFS }

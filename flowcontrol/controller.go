@@ -77,6 +77,10 @@ type ticket struct {
 	uses  uint64        // owner-only: generations handed out
 	start time.Time     // enqueue time on the configured clock, when OnOutcome is set
 	c     *Controller
+	// owner-only: the flow and cost estimate of a WaitRequest, read by its
+	// done to report the real cost (nil for Wait).
+	flow *flow[*ticket]
+	cost float64
 }
 
 // done releases one in-flight slot if gen is still the ticket's pending
@@ -209,21 +213,8 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 // even if the band is gated, without spending the band's burst. Stats counts
 // it as cancelled, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
-	if uint(band) >= uint(c.d.Bands()) {
-		c.d.unknown.Add(1)
-		return noop, ErrUnknownBand
-	}
-	if err := ctx.Err(); err != nil {
-		c.refusedCancelled[band].Add(1)
-		return noop, fmt.Errorf("%w: %w", ErrCancelled, err)
-	}
-	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
-		c.refusedIdle[band].Add(1)
-		return noop, ErrNotRunning
-	}
-	if c.admitter != nil && !c.d.closed.Load() && !c.admitter.Admit(band, len(c.refusedShed)) {
-		c.refusedShed[band].Add(1)
-		return noop, ErrShed
+	if err := c.door(ctx, band); err != nil {
+		return noop, err
 	}
 	if c.d.direct(band) {
 		// Open band, nothing ahead, Run ticking: released at once,
@@ -248,10 +239,16 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 		start = c.now()
 		t.start = start
 	}
+	t.flow = nil
 	if err := c.d.Enqueue(band, t); err != nil {
 		c.pool.Put(t)
 		return noop, err
 	}
+	return c.await(ctx, band, t, start, nil)
+}
+
+// await is the blocking half of Wait and WaitRequest, once t is queued.
+func (c *Controller) await(ctx context.Context, band int, t *ticket, start time.Time, r *Request) (done func(), err error) {
 	select {
 	case <-t.ch:
 	case <-ctx.Done():
@@ -274,6 +271,12 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 		t.uses++
 		gen := t.uses
 		t.gen.Store(gen)
+		if r != nil {
+			// The flow and estimate are copied now: once done fires,
+			// the ticket may be reused.
+			f, est := t.flow, t.cost
+			return func() { t.doneServed(gen, r, f, est) }, nil
+		}
 		return func() { t.done(gen) }, nil
 	case stateExpired:
 		c.pool.Put(t)
@@ -282,6 +285,28 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 		c.pool.Put(t)
 		return noop, ErrClosed
 	}
+}
+
+// door is the part of Wait and WaitRequest before the queue: the refusals
+// (unknown band, context already done, not running, shed), each counted.
+func (c *Controller) door(ctx context.Context, band int) error {
+	if uint(band) >= uint(c.d.Bands()) {
+		c.d.unknown.Add(1)
+		return ErrUnknownBand
+	}
+	if err := ctx.Err(); err != nil {
+		c.refusedCancelled[band].Add(1)
+		return fmt.Errorf("%w: %w", ErrCancelled, err)
+	}
+	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
+		c.refusedIdle[band].Add(1)
+		return ErrNotRunning
+	}
+	if c.admitter != nil && !c.d.closed.Load() && !c.admitter.Admit(band, len(c.refusedShed)) {
+		c.refusedShed[band].Add(1)
+		return ErrShed
+	}
+	return nil
 }
 
 // InFlight returns the number of released Waits whose done has not been

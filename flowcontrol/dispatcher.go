@@ -72,6 +72,11 @@ type band[T any] struct {
 	every      atomic.Int64
 	ceiling    atomic.Uint64 // math.Float64bits
 
+	// flows is the per-flow state of a band whose Fairness is not fcfs
+	// (nil for fcfs bands, which use ring and held only). Such a band
+	// takes its items from flows.ring, not ring. See flows.go.
+	flows *flows[T]
+
 	_ [64]byte // keep neighbouring bands' hot words apart
 }
 
@@ -107,9 +112,10 @@ type Dispatcher[T any] struct {
 	now  func() time.Time
 	base time.Time
 	// burst and tick are the effective values (defaults applied).
-	burst int
-	tick  time.Duration
-	timed bool // some band has a MaxWait
+	burst  int
+	tick   time.Duration
+	timed  bool // some band has a MaxWait (or edf deadlines)
+	flowed bool // some band has flows: runs read the clock for idle flows
 
 	closed   atomic.Bool
 	closedCh chan struct{}
@@ -195,11 +201,17 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 	}
 	for i, bc := range configs {
 		b := &d.bands[i]
-		b.ring = queue.NewRing[entry[T]](bc.Capacity)
 		b.capacity = int64(bc.Capacity)
 		b.maxWait = int64(bc.MaxWait)
 		if b.maxWait > 0 {
 			d.timed = true
+		}
+		if bc.flowed() {
+			b.flows = newFlows[T](bc)
+			d.flowed = true
+			d.timed = d.timed || b.flows.timed
+		} else {
+			b.ring = queue.NewRing[entry[T]](bc.Capacity)
 		}
 		b.every.Store(1)
 		b.gate = -1                         // closed until the first tick reads a gate
@@ -231,6 +243,10 @@ func (d *Dispatcher[T]) Enqueue(bandIdx int, item T) error {
 		return ErrUnknownBand
 	}
 	b := &d.bands[bandIdx]
+	if b.flows != nil {
+		_, err := d.enqueueFlow(b, DefaultFlow, 1, time.Time{}, item, false)
+		return err
+	}
 	// Reserve a slot first, then check closed. Close stores closed and
 	// then waits for queued to drain to 0; with sequentially consistent
 	// atomics either we see closed (and back out) or Close sees our
@@ -293,7 +309,7 @@ func (d *Dispatcher[T]) run(advance bool) {
 		return
 	}
 	var now int64
-	if d.timed {
+	if d.timed || d.flowed {
 		now = d.nowNanos()
 	}
 	n := len(d.bands)
@@ -320,7 +336,13 @@ func (d *Dispatcher[T]) run(advance bool) {
 			b.gate = g.Every
 			b.every.Store(int64(g.Every))
 			b.ceiling.Store(floatBits(g.Ceiling))
-			if b.maxWait > 0 {
+			if b.flows != nil {
+				d.drain(b, now)
+				if b.flows.timed {
+					d.expireFlows(i, b, now)
+				}
+				b.flows.forget(now)
+			} else if b.maxWait > 0 {
 				d.expireHead(i, b, now)
 			}
 		}
@@ -346,6 +368,16 @@ func (d *Dispatcher[T]) run(advance bool) {
 			}
 		default:
 			b.budget = 0
+		}
+		if b.flows != nil {
+			d.drain(b, now)
+			if b.abandoned.Load() > 0 {
+				d.reapFlows(i, b, now)
+			}
+			if b.budget > 0 {
+				d.releaseFlows(i, b, now)
+			}
+			continue
 		}
 		if b.abandoned.Load() > 0 {
 			d.reap(i, b)
@@ -572,19 +604,29 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		// Count before Dispatch wakes the owner (see drop).
 		bump(&b.dispatched)
 		d.dispatch(i, e.item)
-		if b.gate == 1 && d.pacing.Recheck && b.budget > 0 {
-			// An open band drains its backlog only while it stays
-			// open: a source that counts dispatches at once (the
-			// in-flight credit) closes it before the backlog floods
-			// the pool between two scrapes.
-			g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
-			g.Every = min(max(g.Every, 0), MaxEvery)
-			if g.Every != 1 {
-				b.gate, b.budget = g.Every, 0
-				b.every.Store(int64(g.Every))
-				b.ceiling.Store(floatBits(g.Ceiling))
-			}
-		}
+		d.recheck(i, b)
+	}
+}
+
+// recheck, with Pacing.Recheck, re-reads the gate of an open band after a
+// release: an open band drains its backlog only while it stays open, so a
+// source that counts dispatches at once (the in-flight credit) closes it
+// before the backlog floods the pool between two scrapes.
+// It is split in two so that this part, the test on the hot path, inlines.
+func (d *Dispatcher[T]) recheck(i int, b *band[T]) {
+	if b.gate == 1 && d.pacing.Recheck && b.budget > 0 {
+		d.regate(i, b)
+	}
+}
+
+// regate is recheck's reading of the gate.
+func (d *Dispatcher[T]) regate(i int, b *band[T]) {
+	g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
+	g.Every = min(max(g.Every, 0), MaxEvery)
+	if g.Every != 1 {
+		b.gate, b.budget = g.Every, 0
+		b.every.Store(int64(g.Every))
+		b.ceiling.Store(floatBits(g.Ceiling))
 	}
 }
 
@@ -716,6 +758,17 @@ func (d *Dispatcher[T]) Close() {
 	defer d.mu.Unlock()
 	for i := range d.bands {
 		b := &d.bands[i]
+		if b.flows != nil {
+			for {
+				d.closeFlows(i, b)
+				if b.queued.Load() == 0 {
+					break
+				}
+				runtime.Gosched() // a producer is still pushing (see below)
+			}
+			b.budget = 0
+			continue
+		}
 		for {
 			e, ok := b.take()
 			if !ok {
@@ -744,7 +797,9 @@ func (d *Dispatcher[T]) Close() {
 // queue instead. The release is counted as a dispatch like any other.
 func (d *Dispatcher[T]) direct(bandIdx int) bool {
 	b := &d.bands[bandIdx]
-	if !d.awake.Load() || b.queued.Load() != 0 || !d.mu.TryLock() {
+	// A flow band always goes through its queue: its fairness state
+	// (turns, virtual times) is the tick's to keep.
+	if b.flows != nil || !d.awake.Load() || b.queued.Load() != 0 || !d.mu.TryLock() {
 		return false
 	}
 	defer d.mu.Unlock()

@@ -66,6 +66,32 @@
 // race between that cancellation and a release with a compare-and-swap on
 // the waiter's ticket, so each Wait sees exactly one result.
 //
+// # Flows: fairness between tenants inside a band
+//
+// By default a band is one FIFO (Fairness "fcfs"). A band with Fairness
+// "round-robin" or "fair-share" keys its items by flow — a tenant, the
+// fairness id of a request — given with EnqueueFlow or
+// Controller.WaitRequest:
+//
+//	r := &flowcontrol.Request{Flow: tenant, Cost: promptTokens + maxTokens}
+//	done, err := c.WaitRequest(ctx, band, r)
+//	if err != nil { ... }          // also ErrFlowFull: the tenant's FlowCapacity
+//	defer done()                   // charges r.Served − r.Cost to the tenant
+//	...
+//	r.Served = tokensServed
+//
+// round-robin releases one item per active flow in turn. fair-share is
+// start-time fair queuing on cost: the flow whose head has the least virtual
+// start tag goes next, a flow that becomes active starts at the current
+// virtual time (no credit for having been idle, no debt for its history
+// beyond its last item), and the real cost reported at done corrects the
+// flow's finish tag. FlowCapacity bounds what one flow may hold, so a noisy
+// tenant is refused before it fills the band; Ordering "edf" releases a
+// flow's items earliest deadline first. Ingress is still the band's
+// lock-free ring: the per-flow queues belong to the ticking goroutine, which
+// drains the ring into them at each tick. Flows idle for FlowIdle are
+// forgotten.
+//
 // # Concurrency
 //
 // Enqueue and Wait are safe from any number of goroutines. Ticks (Step,

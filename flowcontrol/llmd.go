@@ -241,6 +241,13 @@ func NewLLMDDispatcher[T any](cfg LLMDDispatcherConfig[T]) (*LLMDDispatcher[T], 
 	if err != nil {
 		return nil, err
 	}
+	for i, b := range bands {
+		// The model is llm-d's default, global-strict: one FIFO per
+		// band. A fairness it does not model is refused, not ignored.
+		if b.flowed() {
+			return nil, fmt.Errorf("%w: Bands[%d].Fairness %q: the llm-d model has only %q (global-strict)", ErrInvalidConfig, i, b.Fairness, FairnessFCFS)
+		}
+	}
 	if cfg.Policy == nil {
 		cfg.Policy = LLMDStatic(1)
 	}

@@ -198,6 +198,7 @@ func TestLLMDConfigErrors(t *testing.T) {
 		"Policy":            {Bands: one, Policy: LLMDStatic(0), Source: &setSat{}, Dispatch: ok},
 		"Source":            {Bands: one, Dispatch: ok},
 		"Dispatch":          {Bands: one, Source: &setSat{}},
+		"Bands[0].Fairness": {Bands: []BandConfig{{Capacity: 1, Fairness: FairnessRoundRobin}}, Source: &setSat{}, Dispatch: ok},
 	} {
 		_, err := NewLLMDDispatcher(cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, field)

@@ -37,6 +37,12 @@ type BandStats struct {
 	// Refused counts the other calls refused before the queue.
 	Refused Refusals
 	Gate    Gate // the gate of the last tick ({1, 1} before the first)
+	// FlowFull counts calls refused with ErrFlowFull (the item's flow held
+	// the band's FlowCapacity; not counted in Rejected).
+	FlowFull uint64
+	// Flows is the number of flows the band knows (0 for an fcfs band):
+	// those seen within its FlowIdle, see Dispatcher.Flows.
+	Flows int
 }
 
 // Refusals counts calls that never entered a band's queue, other than
@@ -77,6 +83,10 @@ func (d *Dispatcher[T]) Stats() Stats {
 				Ceiling: math.Float64frombits(b.ceiling.Load()),
 				Every:   int(b.every.Load()),
 			},
+		}
+		if b.flows != nil {
+			st.Bands[i].FlowFull = b.flows.full.Load()
+			st.Bands[i].Flows = int(b.flows.known.Load())
 		}
 	}
 	return st

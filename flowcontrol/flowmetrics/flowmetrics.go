@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -42,7 +43,18 @@ const (
 	ReasonCancelled  = "cancelled"
 	ReasonNotRunning = "not_running"
 	ReasonShed       = "shed" // refused by the controller's Admitter
+	// ReasonFlowFull: the request's flow held its band's FlowCapacity
+	// (flowcontrol.ErrFlowFull). Not part of queue_full.
+	ReasonFlowFull = "flow_full"
 )
+
+// DefaultMaxFlowLabels is Options.MaxFlowLabels' default: the most distinct
+// fairness_id label values the collector reports across all bands; further
+// flows are summed under OtherFlow.
+const DefaultMaxFlowLabels = 1000
+
+// OtherFlow is the fairness_id label of the flows beyond MaxFlowLabels.
+const OtherFlow = "other"
 
 // DefaultBuckets are the wait-time histogram buckets in seconds: 1 ms to
 // about 2 min, doubling, so that both an uncongested pass (a tick) and a
@@ -60,6 +72,18 @@ type Options struct {
 	Buckets []float64
 	// ConstLabels are added to every metric.
 	ConstLabels prometheus.Labels
+	// MaxFlowLabels caps the fairness_id label values of the per-flow
+	// metrics (0 = DefaultMaxFlowLabels): flow ids come from request
+	// headers, so their number is the client's to choose, not the
+	// operator's.
+	MaxFlowLabels int
+}
+
+// FlowSource is a StatsSource that also reports its flows;
+// *flowcontrol.Controller and *flowcontrol.Dispatcher[T] satisfy it. A
+// bound source that is a FlowSource gets the per-flow metrics.
+type FlowSource interface {
+	Flows(band int) []flowcontrol.FlowStats
 }
 
 // Collector is a prometheus.Collector over a controller's Stats snapshot,
@@ -75,6 +99,15 @@ type Options struct {
 //	flowgate_band_duty_cycle_ticks{band}         gauge   the band's Every: opens on 1 tick in Every; 0 = blocked
 //	flowgate_ticks_total                         counter dispatcher ticks
 //	flowgate_wait_seconds{band,outcome}          histogram time queued requests waited, by outcome
+//	flowgate_flow_queue_depth{band,fairness_id}  gauge   requests of the flow waiting in the band (bands with fairness)
+//	flowgate_flow_dispatched_total{band,fairness_id} counter requests of the flow released
+//
+// The per-flow metrics cover the flows the band knows (seen within its
+// FlowIdle). Their fairness_id label takes at most MaxFlowLabels values: a
+// flow keeps its label for as long as it is reported at consecutive
+// scrapes; flows beyond the cap are summed under fairness_id="other"
+// (whose counter may go down when a flow leaves it: read it as a scale,
+// not a rate). A forgotten flow's counter restarts from 0 when it comes back.
 //
 // Counter values are the dispatcher's own cumulative counts, so they match
 // Stats() exactly and survive a collector being re-created. The histogram
@@ -104,6 +137,12 @@ type Collector struct {
 	every      *prometheus.Desc
 	ticks      *prometheus.Desc
 
+	flowDepth      *prometheus.Desc
+	flowDispatched *prometheus.Desc
+	maxFlows       int
+	flowMu         sync.Mutex       // serialises the label assignment of concurrent scrapes
+	flowLabels     map[flowKey]bool // flows holding a label since the last scrape
+
 	wait *prometheus.HistogramVec
 	// observers[band][outcome], resolved at construction so that
 	// OnOutcome neither allocates nor hashes labels.
@@ -130,6 +169,9 @@ func New(bands int, opts Options) (*Collector, error) {
 		if b != b || (i > 0 && !(b > buckets[i-1])) {
 			return nil, fmt.Errorf("flowmetrics: Buckets must be strictly increasing numbers, got %v", buckets)
 		}
+	}
+	if opts.MaxFlowLabels < 0 {
+		return nil, fmt.Errorf("flowmetrics: MaxFlowLabels must be ≥ 0 (0 = default %d), got %d", DefaultMaxFlowLabels, opts.MaxFlowLabels)
 	}
 	if len(opts.BandNames) > bands {
 		return nil, fmt.Errorf("flowmetrics: BandNames has %d names for %d bands", len(opts.BandNames), bands)
@@ -169,6 +211,14 @@ func New(bands int, opts Options) (*Collector, error) {
 		every: prometheus.NewDesc(ns+"_band_duty_cycle_ticks",
 			"The band's duty cycle at the last tick: it may dispatch on one tick in this many; 1 = every tick, 0 = blocked.", []string{"band"}, cl),
 		ticks: prometheus.NewDesc(ns+"_ticks_total", "Dispatcher ticks.", nil, cl),
+		flowDepth: prometheus.NewDesc(ns+"_flow_queue_depth",
+			"Requests of the flow (fairness id) waiting in the band's queue; flows beyond the label cap are summed as other.",
+			[]string{"band", "fairness_id"}, cl),
+		flowDispatched: prometheus.NewDesc(ns+"_flow_dispatched_total",
+			"Requests of the flow (fairness id) released from the band; flows beyond the label cap are summed as other.",
+			[]string{"band", "fairness_id"}, cl),
+		maxFlows:   opts.MaxFlowLabels,
+		flowLabels: map[flowKey]bool{},
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace:   ns,
 			Name:        "wait_seconds",
@@ -245,6 +295,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.ceiling
 	ch <- c.every
 	ch <- c.ticks
+	ch <- c.flowDepth
+	ch <- c.flowDispatched
 	c.wait.Describe(ch)
 }
 
@@ -274,9 +326,71 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.refused, b.Refused.Cancelled, name, ReasonCancelled)
 		counter(c.refused, b.Refused.NotRunning, name, ReasonNotRunning)
 		counter(c.refused, b.Refused.Shed, name, ReasonShed)
+		counter(c.refused, b.FlowFull, name, ReasonFlowFull)
 		ch <- prometheus.MustNewConstMetric(c.ceiling, prometheus.GaugeValue, b.Gate.Ceiling, name)
 		ch <- prometheus.MustNewConstMetric(c.every, prometheus.GaugeValue, float64(b.Gate.Every), name)
 	}
+	if fsrc, ok := (*p).(FlowSource); ok {
+		c.collectFlows(ch, fsrc, len(st.Bands))
+	}
+}
+
+// flowKey is a flow of a band.
+type flowKey struct {
+	band int
+	id   string
+}
+
+// collectFlows reports the per-flow metrics, capping the fairness_id
+// values: flows that held a label at the last scrape keep it, new flows
+// take the free ones, the rest are summed under OtherFlow.
+func (c *Collector) collectFlows(ch chan<- prometheus.Metric, src FlowSource, bands int) {
+	limit := c.maxFlows
+	if limit == 0 {
+		limit = DefaultMaxFlowLabels
+	}
+	snap := make([][]flowcontrol.FlowStats, bands)
+	for b := range bands {
+		snap[b] = src.Flows(b)
+	}
+	c.flowMu.Lock()
+	defer c.flowMu.Unlock()
+	next := make(map[flowKey]bool, len(c.flowLabels))
+	for b, fs := range snap {
+		for _, f := range fs {
+			if k := (flowKey{b, f.Flow}); c.flowLabels[k] {
+				next[k] = true
+			}
+		}
+	}
+	for b, fs := range snap {
+		name := c.band(b)
+		var otherDepth, otherDispatched float64
+		other := false
+		for _, f := range fs {
+			k := flowKey{b, f.Flow}
+			// Label values must be valid UTF-8 (MustNewConstMetric
+			// panics otherwise) and must not clash with OtherFlow;
+			// ids come from request headers, so such ids go to other.
+			labelable := f.Flow != OtherFlow && utf8.ValidString(f.Flow)
+			if labelable && !next[k] && len(next) < limit {
+				next[k] = true
+			}
+			if !labelable || !next[k] {
+				other = true
+				otherDepth += float64(f.Queued)
+				otherDispatched += float64(f.Dispatched)
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(c.flowDepth, prometheus.GaugeValue, float64(f.Queued), name, f.Flow)
+			ch <- prometheus.MustNewConstMetric(c.flowDispatched, prometheus.CounterValue, float64(f.Dispatched), name, f.Flow)
+		}
+		if other {
+			ch <- prometheus.MustNewConstMetric(c.flowDepth, prometheus.GaugeValue, otherDepth, name, OtherFlow)
+			ch <- prometheus.MustNewConstMetric(c.flowDispatched, prometheus.CounterValue, otherDispatched, name, OtherFlow)
+		}
+	}
+	c.flowLabels = next
 }
 
 // Outcome returns the outcome label of a Wait's error, for a host's own
