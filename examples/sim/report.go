@@ -110,6 +110,8 @@ type jsonRecord struct {
 	Completed         int     `json:"completed"`
 	Rejected          int     `json:"rejected"`
 	Shed              int     `json:"shed,omitempty"`
+	BCriticalTTFTp99  float64 `json:"b_critical_ttft_p99_ms,omitempty"`
+	BSheddableTTFTp99 float64 `json:"b_sheddable_ttft_p99_ms,omitempty"`
 	CriticalTTFTp50   float64 `json:"critical_ttft_p50_ms"`
 	CriticalTTFTp99   float64 `json:"critical_ttft_p99_ms"`
 	CriticalE2Ep99    float64 `json:"critical_e2e_p99_ms"`
@@ -134,6 +136,8 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 			Completed:         r.Critical.Completed + r.Sheddable.Completed,
 			Rejected:          r.Critical.Rejected + r.Sheddable.Rejected,
 			Shed:              r.Critical.Shed + r.Sheddable.Shed,
+			BCriticalTTFTp99:  round3(r.TenantBCriticalTTFTp99),
+			BSheddableTTFTp99: round3(r.TenantBSheddableTTFTp99),
 			CriticalTTFTp50:   round3(r.Critical.TTFTp50),
 			CriticalTTFTp99:   round3(r.Critical.TTFTp99),
 			CriticalE2Ep99:    round3(r.Critical.E2Ep99),

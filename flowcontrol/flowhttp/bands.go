@@ -6,6 +6,7 @@ import "github.com/flowgate/flowgate/flowcontrol"
 type band struct {
 	name     string
 	maxBytes int64 // 0: no byte budget
+	flows    bool  // the band has fairness: requests go in with their fairness id (WaitRequest)
 }
 
 // bandsOf is the one place that reads the controller's band configuration:
@@ -14,7 +15,8 @@ func bandsOf(c *flowcontrol.Controller) []band {
 	cfgs := c.Bands()
 	out := make([]band, len(cfgs))
 	for i, b := range cfgs {
-		out[i] = band{name: b.Name, maxBytes: b.MaxBytes}
+		out[i] = band{name: b.Name, maxBytes: b.MaxBytes,
+			flows: b.Fairness != "" && b.Fairness != flowcontrol.FairnessFCFS}
 	}
 	return out
 }

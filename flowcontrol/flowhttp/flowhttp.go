@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,16 @@ const (
 	// LegacyObjectiveHeader is the Gateway API Inference Extension's name
 	// for ObjectiveHeader, still accepted when ObjectiveHeader is absent.
 	LegacyObjectiveHeader = "x-gateway-inference-objective"
+	// FairnessIDHeader names the request's flow (its tenant) within its
+	// band, for bands with fairness (flowcontrol.BandConfig.Fairness).
+	FairnessIDHeader = "x-llm-d-inference-fairness-id"
+	// LegacyFairnessIDHeader is the Gateway API Inference Extension's name
+	// for FairnessIDHeader, still accepted when FairnessIDHeader is absent.
+	LegacyFairnessIDHeader = "x-gateway-inference-fairness-id"
+	// SLOTTFTHeader gives the request's time-to-first-token objective in
+	// milliseconds (llm-d's name); arrival + it is the request's deadline
+	// in an edf band.
+	SLOTTFTHeader = "x-llm-d-slo-ttft-ms"
 	// BandHeader carries, on every gated response, the name of the band
 	// the request was queued in.
 	BandHeader = "x-flowgate-band"
@@ -93,6 +104,32 @@ type Result struct {
 	Err error
 	// BodyBytes is the size of the buffered request body.
 	BodyBytes int
+	// Flow is the fairness id the request was queued under ("" =
+	// flowcontrol.DefaultFlow).
+	Flow string
+}
+
+// MaxFairnessIDLen bounds the fairness id taken from a header: a longer one
+// (or one with control characters) counts as no id, so a client cannot make
+// the controller remember arbitrary strings.
+const MaxFairnessIDLen = 128
+
+// flowOf returns the request's fairness id and deadline from its headers.
+func flowOf(r *http.Request, start time.Time) (string, time.Time) {
+	id := r.Header.Get(FairnessIDHeader)
+	if id == "" {
+		id = r.Header.Get(LegacyFairnessIDHeader)
+	}
+	if len(id) > MaxFairnessIDLen || strings.IndexFunc(id, func(c rune) bool { return c < 0x20 || c == 0x7f }) >= 0 {
+		id = ""
+	}
+	var deadline time.Time
+	if v := r.Header.Get(SLOTTFTHeader); v != "" {
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 && ms < int64(24*time.Hour/time.Millisecond) {
+			deadline = start.Add(time.Duration(ms) * time.Millisecond)
+		}
+	}
+	return id, deadline
 }
 
 // Options configures Handler. The zero value is usable. The bands' names
@@ -291,7 +328,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		reserved = n
 	}
-	done, err := h.c.Wait(r.Context(), band)
+	var done func()
+	if h.bands[band].flows {
+		flow, deadline := flowOf(r, start)
+		res.Flow = flow
+		done, err = h.c.WaitRequest(r.Context(), band, &flowcontrol.Request{Flow: flow, Cost: float64(len(body)), Deadline: deadline})
+	} else {
+		done, err = h.c.Wait(r.Context(), band)
+	}
 	if reserved > 0 {
 		h.used[band].Add(-reserved)
 	}

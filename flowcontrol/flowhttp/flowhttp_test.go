@@ -492,3 +492,57 @@ func TestShedIs429NotRetried(t *testing.T) {
 		t.Errorf("Stats shed %d, want 1", st.Bands[1].Refused.Shed)
 	}
 }
+
+// TestFairnessIDHeader: on a round-robin band with FlowCapacity 1, the
+// fairness id header is the request's flow: tenant A's second waiting
+// request is refused 429 queue-full while tenant B's first still queues (on
+// an fcfs band they would share one queue); the legacy header counts too,
+// and an overlong id counts as none (the default flow).
+func TestFairnessIDHeader(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	bands := []flowcontrol.BandConfig{{Name: "critical", Capacity: 8}, {Name: "sheddable", Capacity: 8, Fairness: flowcontrol.FairnessRoundRobin, FlowCapacity: 1}}
+	e := start(t, bands, ok, flowhttp.Options{})
+	e.saturate(t, 1) // sheddable blocked
+	send := func(ctx context.Context, header, tenant string) (*http.Response, []byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/completions", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(flowhttp.ObjectiveHeader, "sheddable")
+		req.Header.Set(header, tenant)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp, body, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 3) // the three requests left waiting
+	go func() { _, _, err := send(ctx, flowhttp.FairnessIDHeader, "tenant-a"); errc <- err }()
+	waitFor(t, "A queued", func() bool { return e.queued(1) == 1 })
+	resp, body, err := send(context.Background(), flowhttp.LegacyFairnessIDHeader, "tenant-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 429 || decodeError(t, string(body)).Error.Code != flowhttp.ReasonQueueFull {
+		t.Fatalf("tenant A's second request: %d %s, want 429 queue-full (its FlowCapacity)", resp.StatusCode, body)
+	}
+	go func() { _, _, err := send(ctx, flowhttp.FairnessIDHeader, "tenant-b"); errc <- err }()
+	waitFor(t, "B queued beside A", func() bool { return e.queued(1) == 2 })
+	// An id over MaxFairnessIDLen is the default flow, which has room too;
+	// a second one is refused like A's.
+	long := strings.Repeat("x", flowhttp.MaxFairnessIDLen+1)
+	go func() { _, _, err := send(ctx, flowhttp.FairnessIDHeader, long); errc <- err }()
+	waitFor(t, "the overlong id queued in the default flow", func() bool { return e.queued(1) == 3 })
+	resp, _, err = send(context.Background(), flowhttp.FairnessIDHeader, long+"y")
+	if err != nil || resp.StatusCode != 429 {
+		t.Fatalf("second default-flow request: %v %v, want 429", resp, err)
+	}
+	cancel()
+	for range 3 {
+		<-errc // each ends with the client's cancellation
+	}
+}

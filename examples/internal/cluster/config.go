@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
@@ -73,6 +74,14 @@ type Config struct {
 	// 0: "per request").
 	SharedInFlight      time.Duration
 	SharedInFlightExact bool
+	// Tenants, if > 0, splits every band's traffic between two tenants, A sending Tenants
+	// times B's rate (each arrival is B with probability 1/(1+Tenants), from a stream of
+	// its own); Fairness is the flowgate dispatchers' BandConfig.Fairness for every band
+	// (flows are the tenants, cost input + output tokens). TenantBAlone drops tenant A's
+	// arrivals (the same B arrivals, alone: the noisy neighbour's baseline).
+	Tenants      float64
+	Fairness     string
+	TenantBAlone bool
 	// Admission puts llm-d's probabilistic admitter (flowcontrol.Probabilistic: sheddable
 	// shed with probability min(1, 300·s^5)) in front of each gateway's queue.
 	Admission bool
@@ -144,6 +153,8 @@ func (c Config) validate() error {
 	switch {
 	case !(c.QPS > 0):
 		return fmt.Errorf("%w: QPS %v must be > 0", ErrInvalidConfig, c.QPS)
+	case !(c.Tenants >= 0) || math.IsInf(c.Tenants, 1):
+		return fmt.Errorf("%w: Tenants %v must be a finite ratio >= 0", ErrInvalidConfig, c.Tenants)
 	case c.SharedInFlight < 0:
 		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
 	case !knownPolicy(c.Policy):

@@ -42,6 +42,9 @@ type Result struct {
 	Steps                                            uint64
 	MaxGatewayQueue                                  int
 	Unfinished                                       int // requests left when the drain limit hit
+	// TenantBCriticalTTFTp99 and TenantBSheddableTTFTp99 (ms) are tenant B's critical and
+	// sheddable TTFT p99 when Config.Tenants is set (counted as TTFTp99 is), 0 otherwise.
+	TenantBCriticalTTFTp99, TenantBSheddableTTFTp99 float64
 	// TotalThroughput is completions of both classes inside the arrival window per
 	// second; TotalGoodput is completions of both classes per second of the window.
 	TotalThroughput, TotalGoodput float64
@@ -99,6 +102,29 @@ func (s *sim) result() Result {
 		} else {
 			res.Unfinished++
 		}
+	}
+	if s.tenants != nil {
+		var b [2][]float64
+		for i := range s.reqs {
+			q := &s.reqs[i]
+			if !q.tenantB || q.rejected || q.shed {
+				continue
+			}
+			c := 1
+			if q.critical {
+				c = 0
+			}
+			switch {
+			case q.first >= 0:
+				b[c] = append(b[c], ms(q.first-q.arrive))
+			case q.timedOut:
+				b[c] = append(b[c], ms(int64(s.cfg.ClientTimeout)))
+			}
+		}
+		for c := range 2 {
+			slices.Sort(b[c])
+		}
+		res.TenantBCriticalTTFTp99, res.TenantBSheddableTTFTp99 = Percentile(b[0], 0.99), Percentile(b[1], 0.99)
 	}
 	for c := range 2 {
 		slices.Sort(ttft[c])

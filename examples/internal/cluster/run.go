@@ -77,6 +77,7 @@ type request struct {
 	done     int64         // -1 until finished
 	rejected bool          // the gateway refused it (queue full)
 	shed     bool          // the admission stage shed it (Config.Admission)
+	tenantB  bool          // tenant B's (Config.Tenants)
 	timedOut bool          // its client gave up before it completed
 	vr       *vllm.Request // its own allocation: the replica keeps the pointer while reqs grows
 }
@@ -138,7 +139,8 @@ type sim struct {
 	arrivals int // arrival streams still open
 	steps    uint64
 	preempts uint64
-	total    []int64 // in flight per replica over every gateway
+	total    []int64    // in flight per replica over every gateway
+	tenants  *rand.Rand // draws each arrival's tenant (Config.Tenants)
 	err      error
 }
 
@@ -232,6 +234,9 @@ func run(cfg Config) (*sim, error) {
 	}
 	s.cfg.Replica = cfg.Replica
 	s.busy = make([]bool, cfg.Replicas)
+	if cfg.Tenants > 0 {
+		s.tenants = rand.New(rand.NewPCG(cfg.Seed, 0x7e4a47))
+	}
 	s.total = make([]int64, cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
 	for g := range cfg.Gateways {
@@ -331,6 +336,7 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 		bandCfg := make([]flowcontrol.BandConfig, bands)
 		for i := range bandCfg {
 			bandCfg[i].Capacity = cfg.Capacity
+			bandCfg[i].Fairness = cfg.Fairness
 		}
 		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int32]{
 			Config: flowcontrol.Config{
@@ -508,6 +514,15 @@ func (s *sim) arrive(g *gateway, gi int32) {
 	if s.cfg.Policy == Floor && !a.Critical {
 		return // the floor: the same critical arrivals, no sheddable traffic
 	}
+	tenantB := false
+	if s.tenants != nil {
+		// Drawn for every arrival, so that B's arrivals are the same with
+		// and without A.
+		tenantB = s.tenants.Float64() < 1/(1+s.cfg.Tenants)
+		if s.cfg.TenantBAlone && !tenantB {
+			return
+		}
+	}
 	s.catchUp(g)
 	id := int32(len(s.reqs))
 	prio := 1
@@ -515,7 +530,7 @@ func (s *sim) arrive(g *gateway, gi int32) {
 		prio = 0
 	}
 	s.reqs = append(s.reqs, request{critical: a.Critical, gw: gi, replica: -1, arrive: s.now, dispatch: -1, first: -1, done: -1,
-		vr: &vllm.Request{ID: uint64(id), Input: a.Input, Output: a.Output, Priority: prio}})
+		tenantB: tenantB, vr: &vllm.Request{ID: uint64(id), Input: a.Input, Output: a.Output, Priority: prio}})
 	band := BandSheddable
 	if a.Critical {
 		band = BandCritical
@@ -539,7 +554,7 @@ func (s *sim) arrive(g *gateway, gi int32) {
 		g.direct++
 		s.dispatch(gi, band, id)
 	case g.d != nil:
-		if err := g.d.Enqueue(band, id); err != nil {
+		if err := s.enqueue(g, band, id, a); err != nil {
 			s.reqs[id].rejected = true
 			break
 		}
@@ -557,6 +572,19 @@ func (s *sim) arrive(g *gateway, gi int32) {
 		g.l.Cycle()
 	}
 	s.schedule(g, gi)
+}
+
+// enqueue hands request id to flowgate's dispatcher: with tenants, as an item of its
+// tenant's flow at its token cost.
+func (s *sim) enqueue(g *gateway, band int, id int32, a workload.Arrival) error {
+	if s.tenants == nil {
+		return g.d.Enqueue(band, id)
+	}
+	flow := "A"
+	if s.reqs[id].tenantB {
+		flow = "B"
+	}
+	return g.d.EnqueueFlow(band, flow, float64(a.Input+a.Output), time.Time{}, id)
 }
 
 func (s *sim) enqueued(g *gateway, band int) {

@@ -381,3 +381,38 @@ func TestAdmissionShedsSheddableOnly(t *testing.T) {
 		requireSkipExact(t, c)
 	}
 }
+
+// TestTenantsNoisyNeighbour: with -tenants, B's arrivals are the same with and
+// without A (TenantBAlone), A sends about Tenants times B's rate, every request
+// still ends once, and under round-robin B's sheddable tail is far below
+// fcfs's (the fairness actually reorders the band).
+func TestTenantsNoisyNeighbour(t *testing.T) {
+	c := short(workload.Codegen, 16, SoftReflective)
+	c.Duration = 2 * time.Minute // long enough for the sheddable band to back up
+	c.Tenants, c.Fairness = 10, flowcontrol.FairnessFCFS
+	fcfs, err := run(c)
+	require.NoError(t, err)
+	checkInvariants(t, fcfs)
+	c.TenantBAlone = true
+	alone, err := run(c)
+	require.NoError(t, err)
+	var bWith, bAlone []int64
+	for _, q := range fcfs.reqs {
+		if q.tenantB {
+			bWith = append(bWith, q.arrive)
+		}
+	}
+	for _, q := range alone.reqs {
+		require.True(t, q.tenantB, "TenantBAlone kept an arrival of A")
+		bAlone = append(bAlone, q.arrive)
+	}
+	require.Equal(t, bWith, bAlone, "B's arrivals differ with and without A")
+	ratio := float64(len(fcfs.reqs)-len(bWith)) / float64(len(bWith))
+	require.InDelta(t, 10, ratio, 2.5, "A:B rate")
+
+	c.TenantBAlone, c.Fairness = false, flowcontrol.FairnessRoundRobin
+	rr, err := run(c)
+	require.NoError(t, err)
+	checkInvariants(t, rr)
+	require.Less(t, rr.result().TenantBSheddableTTFTp99, fcfs.result().TenantBSheddableTTFTp99/2)
+}
