@@ -50,6 +50,7 @@ const (
 const (
 	ReasonQueueFull    = "queue-full"       // 429: the band holds its capacity of waiters
 	ReasonShed         = "shed"             // 429: the admission stage shed it (ControllerConfig.Admitter); not retried
+	ReasonFlowFull     = "flow-full"        // 429: the request's flow (fairness id) holds the band's FlowCapacity
 	ReasonBytesFull    = "queue-bytes-full" // 429: the band's byte budget is spent
 	ReasonExpired      = "expired"          // 503: waited the band's MaxWait
 	ReasonShuttingDown = "shutting-down"    // 503: the controller is closed
@@ -451,6 +452,8 @@ type refusal struct {
 
 func refusalFor(err error) (refusal, bool) {
 	switch {
+	case errors.Is(err, flowcontrol.ErrFlowFull): // before ErrQueueFull, which it wraps
+		return refusal{http.StatusTooManyRequests, ReasonFlowFull, true, false}, true
 	case errors.Is(err, flowcontrol.ErrQueueFull):
 		return refusal{http.StatusTooManyRequests, ReasonQueueFull, true, false}, true
 	case errors.Is(err, ErrBytesFull):

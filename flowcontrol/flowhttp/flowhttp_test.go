@@ -495,7 +495,7 @@ func TestShedIs429NotRetried(t *testing.T) {
 
 // TestFairnessIDHeader: on a round-robin band with FlowCapacity 1, the
 // fairness id header is the request's flow: tenant A's second waiting
-// request is refused 429 queue-full while tenant B's first still queues (on
+// request is refused 429 flow-full while tenant B's first still queues (on
 // an fcfs band they would share one queue); the legacy header counts too,
 // and an overlong id counts as none (the default flow).
 func TestFairnessIDHeader(t *testing.T) {
@@ -527,8 +527,8 @@ func TestFairnessIDHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode != 429 || decodeError(t, string(body)).Error.Code != flowhttp.ReasonQueueFull {
-		t.Fatalf("tenant A's second request: %d %s, want 429 queue-full (its FlowCapacity)", resp.StatusCode, body)
+	if resp.StatusCode != 429 || decodeError(t, string(body)).Error.Code != flowhttp.ReasonFlowFull || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("tenant A's second request: %d %s, want 429 flow-full (its FlowCapacity)", resp.StatusCode, body)
 	}
 	go func() { _, _, err := send(ctx, flowhttp.FairnessIDHeader, "tenant-b"); errc <- err }()
 	waitFor(t, "B queued beside A", func() bool { return e.queued(1) == 2 })
