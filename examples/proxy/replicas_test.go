@@ -527,7 +527,7 @@ saturationDetector:
 	rds.Stop()
 	fellBack := waitMetric(t, client, "the survivors fall back", 10*time.Second, "flowgate_shared_inflight_up",
 		func(v float64) bool { return v == 0 }, survivors...)
-	rds.Start()
+	rds.Restart()
 	restartedAt := time.Now()
 	back := waitMetric(t, client, "the survivors share again", 10*time.Second, "flowgate_shared_inflight_peers",
 		func(v float64) bool { return v == 1 }, survivors...)

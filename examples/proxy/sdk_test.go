@@ -73,12 +73,21 @@ func TestOpenAISDKThroughProxy(t *testing.T) {
 	require.NoError(t, cs.Err())
 	require.NoError(t, cs.Close())
 	require.NotEmpty(t, text.String())
+	// Every request was answered 200 on band 0. The two plain ones end
+	// forwarded; a streamed one may end cancelled: the SDK closes the
+	// stream once it has read [DONE], which can be before the proxy has
+	// written the last chunk, and the proxy then sees the client leave.
+	forwarded := 0
 	for range 4 {
 		band, code, reason := h.nextFinish(t)
 		require.Equal(t, 0, band)
 		require.Equal(t, http.StatusOK, code)
-		require.Equal(t, gateway.ReasonForwarded, reason)
+		require.Contains(t, []string{gateway.ReasonForwarded, gateway.ReasonCancelled}, reason)
+		if reason == gateway.ReasonForwarded {
+			forwarded++
+		}
 	}
+	require.GreaterOrEqual(t, forwarded, 2, "the non-streamed requests end forwarded")
 }
 
 // The SDK decodes the proxy's 503 expired and 429 queue-full into

@@ -1,0 +1,152 @@
+// Package redistest runs a real redis-server for tests, like net/http/httptest
+// runs a real HTTP server: on a free loopback port, with no persistence, in a
+// temporary directory, stopped when the test ends. Tests of the shared
+// in-flight view (and of hosts that use it) need the real server — its key
+// expiry, transactions and failure modes — not a mock.
+//
+// It fails the test, never skips it, when redis-server is not installed: the
+// message names the install command (Debian: apt-get install -y
+// redis-server; the repository's .ci/run does this).
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// InstallHint is the message a test fails with when redis-server is missing.
+const InstallHint = "redistest: redis-server not found: this test needs a real Redis; install it with `apt-get update && apt-get install -y redis-server` (.ci/run does this)"
+
+// Server is a redis-server process private to one test.
+type Server struct {
+	t    testing.TB
+	port int
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start starts redis-server on a free loopback port, waits (bounded) until it
+// answers PING, and stops it in t.Cleanup.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal(InstallHint)
+	}
+	s := &Server{t: t, dir: t.TempDir()}
+	var err error
+	for range 5 { // the port is free when picked; another process may take it first
+		s.port = freePort(t)
+		if err = s.start(); err == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("redistest: redis-server did not start: %v", err)
+	return nil
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Pid is the server's process id.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
+// Signal sends sig to the server process (SIGSTOP and SIGCONT to stall it).
+func (s *Server) Signal(sig syscall.Signal) error { return s.cmd.Process.Signal(sig) }
+
+func (s *Server) start() error {
+	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning")
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	s.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return fmt.Errorf("redis-server on port %d exited", s.port)
+		default:
+		}
+		if ping(s.Addr()) == nil {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond) // pacing a poll with a deadline, not waiting blind
+	}
+	s.kill()
+	return fmt.Errorf("redis-server on port %d: no PONG within 5s", s.port)
+}
+
+// ping sends a raw PING (no client library, so no goroutines to leak).
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+// Stop terminates the server and waits for it (SIGKILL after 3 s). It is
+// idempotent; Start's cleanup calls it.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a stopped server cannot handle SIGTERM
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(3 * time.Second):
+		s.kill()
+	}
+	s.cmd = nil
+}
+
+func (s *Server) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Restart stops the server and starts a new, empty one on the same port, as a
+// Redis restart in production would.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) { // the port may linger briefly
+		if err = s.start(); err == nil {
+			return
+		}
+	}
+	s.t.Fatalf("redistest: redis-server restart on port %d: %v", s.port, err)
+}
