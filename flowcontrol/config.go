@@ -86,9 +86,11 @@ type Config struct {
 	// Source is read, and its value passed through Sanitize, once per tick.
 	// Required.
 	Source SaturationSource
-	// Burst is how many items a band whose gate is open may release per
-	// tick (Poll spends what the current tick left). Skipped items
-	// (expired, cancelled) do not count. 0 means DefaultBurst.
+	// Burst is how many items a gated band (Gate.Every > 1) may release
+	// when its duty cycle opens it at an opportunity (see Pacing; a Poll
+	// between opportunities spends what is left). Open bands (Every 1)
+	// have no budget. Skipped items (expired, cancelled) do not count. 0
+	// means DefaultBurst.
 	Burst int
 	// Tick is the period of Run's clock: 0 means DefaultTick, otherwise at
 	// least MinTick. Step-driven hosts (simulators) may ignore it.

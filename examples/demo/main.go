@@ -24,13 +24,8 @@ func main() {
 	// static baseline too). -config overrides.
 	cfg.Saturation.InFlightCredit = false
 	if *configPath != "" {
-		f, err := os.Open(*configPath)
-		if err != nil {
-			fatal(err)
-		}
-		cfg, err = gateway.ParseConfig(f)
-		f.Close()
-		if err != nil {
+		var err error
+		if cfg, err = gateway.LoadConfig(*configPath); err != nil {
 			fatal(err)
 		}
 	}

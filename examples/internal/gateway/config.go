@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -313,6 +314,16 @@ const (
 
 // maxConfigBytes bounds the file read: a configuration is a few hundred bytes.
 const maxConfigBytes = 1 << 20
+
+// LoadConfig reads and parses the config file at path (see ParseConfig).
+func LoadConfig(path string) (Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, err
+	}
+	defer f.Close()
+	return ParseConfig(f)
+}
 
 // ParseConfig reads and validates a YAML configuration. Decoding is strict:
 // an unknown field, a duplicate key or a value of the wrong type is an error
