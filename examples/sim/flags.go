@@ -40,7 +40,9 @@ type options struct {
 	tenants     float64
 	fairness    string
 	bAlone      bool
+	longShort   bool
 	credit      bool
+	qthr, kvthr float64
 	scrape      time.Duration
 	replicas    int
 	cv          float64
@@ -80,12 +82,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.tick, "tick", 0, "dispatcher tick (0 = flowcontrol.DefaultTick)")
 	fs.IntVar(&o.burst, "burst", 0, "items a gated band releases per opportunity (0 = flowcontrol.DefaultBurst); open bands release everything")
 	fs.BoolVar(&o.admission, "admission", false, "put llm-d's probabilistic admitter (sheddable shed with probability min(1, 300·s^5)) in front of each gateway")
-	tenants := fs.String("tenants", "", "noisy neighbour: A:B, tenant A sending A/B times tenant B's rate in every band (e.g. 10:1); JSON gets b_critical_ttft_p99_ms and b_sheddable_ttft_p99_ms")
+	tenants := fs.String("tenants", "", "noisy neighbour A:B: tenant A sends A/B times tenant B's rate in the sheddable band and all critical traffic is B's (e.g. 10:1; JSON gets b_critical_ttft_p99_ms and b_sheddable_ttft_p99_ms); or long-short: tenant A sends the requests costing more than the median, B the others (JSON gets a_token_share)")
 	fs.StringVar(&o.fairness, "fairness", "", "with -tenants: the flowgate bands' fairness (fcfs, round-robin, fair-share)")
 	fs.BoolVar(&o.bAlone, "tenant-b-alone", false, "with -tenants: drop tenant A's arrivals (tenant B alone)")
 	shared := fs.String("shared-inflight", "off", "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms")
 	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION, recheck")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
+	fs.Float64Var(&o.qthr, "queue-threshold", 0, "flowgate's saturation: waiting requests that alone saturate a pod (0 = the reference 5; llm-d baselines keep 5)")
+	fs.Float64Var(&o.kvthr, "kv-threshold", 0, "flowgate's saturation: KV-cache usage that alone saturates a pod (0 = the reference 0.8; llm-d baselines keep 0.8)")
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
 	fs.IntVar(&o.replicas, "replicas", 2, "vLLM replicas in the pool")
 	fs.Float64Var(&o.cv, "cv", workload.DefaultCV, "coefficient of variation of token lengths (log-normal; 0 = constant)")
@@ -145,12 +149,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	o.pacing = p
-	if *tenants != "" {
+	if *tenants == "long-short" {
+		o.longShort = true
+	} else if *tenants != "" {
 		a, b, ok := strings.Cut(*tenants, ":")
 		x, err1 := strconv.ParseFloat(a, 64)
 		y, err2 := strconv.ParseFloat(b, 64)
 		if !ok || err1 != nil || err2 != nil || !(x > 0) || !(y > 0) || math.IsInf(x/y, 0) {
-			return o, fmt.Errorf("-tenants: %q must be A:B with positive numbers", *tenants)
+			return o, fmt.Errorf("-tenants: %q must be A:B with positive numbers, or long-short", *tenants)
 		}
 		o.tenants = x / y
 	}
@@ -214,8 +220,8 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
 		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Admission: o.admission,
-		Tenants: o.tenants, Fairness: o.fairness, TenantBAlone: o.bAlone,
-		Credit: o.credit, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
+		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}
 }

@@ -112,6 +112,7 @@ type jsonRecord struct {
 	Shed              int     `json:"shed,omitempty"`
 	BCriticalTTFTp99  float64 `json:"b_critical_ttft_p99_ms,omitempty"`
 	BSheddableTTFTp99 float64 `json:"b_sheddable_ttft_p99_ms,omitempty"`
+	ATokenShare       float64 `json:"a_token_share,omitempty"`
 	CriticalTTFTp50   float64 `json:"critical_ttft_p50_ms"`
 	CriticalTTFTp99   float64 `json:"critical_ttft_p99_ms"`
 	CriticalE2Ep99    float64 `json:"critical_e2e_p99_ms"`
@@ -138,6 +139,7 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 			Shed:              r.Critical.Shed + r.Sheddable.Shed,
 			BCriticalTTFTp99:  round3(r.TenantBCriticalTTFTp99),
 			BSheddableTTFTp99: round3(r.TenantBSheddableTTFTp99),
+			ATokenShare:       round3(r.TenantATokenShare),
 			CriticalTTFTp50:   round3(r.Critical.TTFTp50),
 			CriticalTTFTp99:   round3(r.Critical.TTFTp99),
 			CriticalE2Ep99:    round3(r.Critical.E2Ep99),

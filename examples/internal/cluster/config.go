@@ -74,22 +74,35 @@ type Config struct {
 	// 0: "per request").
 	SharedInFlight      time.Duration
 	SharedInFlightExact bool
-	// Tenants, if > 0, splits every band's traffic between two tenants, A sending Tenants
-	// times B's rate (each arrival is B with probability 1/(1+Tenants), from a stream of
-	// its own); Fairness is the flowgate dispatchers' BandConfig.Fairness for every band
-	// (flows are the tenants, cost input + output tokens). TenantBAlone drops tenant A's
-	// arrivals (the same B arrivals, alone: the noisy neighbour's baseline).
+	// Tenants, if > 0, is the noisy neighbour: the sheddable band's traffic is split
+	// between two tenants, A sending Tenants times B's rate (each sheddable arrival is
+	// B's with probability 1/(1+Tenants), from a stream of its own); every critical
+	// arrival is B's. Fairness is the flowgate dispatchers' BandConfig.Fairness for
+	// every band (flows are the tenants, cost input + output tokens). TenantBAlone
+	// drops tenant A's arrivals (the same B arrivals, alone: the noisy neighbour's
+	// baseline).
 	Tenants      float64
 	Fairness     string
 	TenantBAlone bool
+	// LongShort splits the sheddable band between two tenants at equal request rates
+	// by length instead: an arrival whose cost (input + output tokens) is above the
+	// workload's median cost is tenant A's ("long"), the others B's ("short"); critical
+	// arrivals are split the same way. Result.TenantATokenShare is then A's share of
+	// the sheddable tokens dispatched in the middle half of the arrival window.
+	// Exclusive with Tenants.
+	LongShort bool
 	// Admission puts llm-d's probabilistic admitter (flowcontrol.Probabilistic: sheddable
 	// shed with probability min(1, 300·s^5)) in front of each gateway's queue.
 	Admission bool
-	Credit    bool          // count dispatched-but-invisible requests as waiting
-	Scrape    time.Duration // metrics scrape interval (0 = 50 ms)
-	CV        float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity  int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica   vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	Credit    bool // count dispatched-but-invisible requests as waiting
+	// QueueThreshold and KVThreshold are the flowgate gateways' saturation.Scorer
+	// thresholds (0 = the reference 5 and 0.8, which the llm-d baselines and the
+	// admitter always use).
+	QueueThreshold, KVThreshold float64
+	Scrape                      time.Duration // metrics scrape interval (0 = 50 ms)
+	CV                          float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity                    int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica                     vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see the package README section on tick skipping.
 	CatchUp int
@@ -155,6 +168,14 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: QPS %v must be > 0", ErrInvalidConfig, c.QPS)
 	case !(c.Tenants >= 0) || math.IsInf(c.Tenants, 1):
 		return fmt.Errorf("%w: Tenants %v must be a finite ratio >= 0", ErrInvalidConfig, c.Tenants)
+	case c.LongShort && c.Tenants > 0:
+		return fmt.Errorf("%w: LongShort and Tenants are exclusive", ErrInvalidConfig)
+	case c.LongShort && c.TenantBAlone:
+		return fmt.Errorf("%w: TenantBAlone is for Tenants (the noisy neighbour)", ErrInvalidConfig)
+	case !(c.QueueThreshold >= 0) || math.IsInf(c.QueueThreshold, 1):
+		return fmt.Errorf("%w: QueueThreshold %v must be finite and >= 0 (0 = 5)", ErrInvalidConfig, c.QueueThreshold)
+	case !(c.KVThreshold >= 0 && c.KVThreshold <= 1):
+		return fmt.Errorf("%w: KVThreshold %v must be in [0, 1] (0 = 0.8)", ErrInvalidConfig, c.KVThreshold)
 	case c.SharedInFlight < 0:
 		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
 	case !knownPolicy(c.Policy):

@@ -45,6 +45,10 @@ type Result struct {
 	// TenantBCriticalTTFTp99 and TenantBSheddableTTFTp99 (ms) are tenant B's critical and
 	// sheddable TTFT p99 when Config.Tenants is set (counted as TTFTp99 is), 0 otherwise.
 	TenantBCriticalTTFTp99, TenantBSheddableTTFTp99 float64
+	// TenantATokenShare is, with Config.LongShort, tenant A's (the long requests')
+	// share of the sheddable tokens (input + output) dispatched in the middle half of
+	// the arrival window; 0 otherwise.
+	TenantATokenShare float64
 	// TotalThroughput is completions of both classes inside the arrival window per
 	// second; TotalGoodput is completions of both classes per second of the window.
 	TotalThroughput, TotalGoodput float64
@@ -101,6 +105,11 @@ func (s *sim) result() Result {
 			}
 		} else {
 			res.Unfinished++
+		}
+	}
+	if s.cfg.LongShort {
+		if t := s.tokens[0] + s.tokens[1]; t > 0 {
+			res.TenantATokenShare = s.tokens[0] / t
 		}
 	}
 	if s.tenants != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
@@ -141,7 +142,13 @@ type sim struct {
 	preempts uint64
 	total    []int64    // in flight per replica over every gateway
 	tenants  *rand.Rand // draws each arrival's tenant (Config.Tenants)
-	err      error
+	// medianCost is the workload's median cost (input + output tokens), the
+	// boundary between Config.LongShort's tenants.
+	medianCost int
+	// tokens[t] sums the cost of tenant t's (0 A, 1 B) sheddable requests
+	// dispatched in the middle half of the arrival window (Config.LongShort).
+	tokens [2]float64
+	err    error
 }
 
 func (s *sim) push(at int64, k evKind, idx int32) {
@@ -214,7 +221,7 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:    cfg,
 		base:   time.Unix(0, 0).UTC(),
-		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
+		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
@@ -236,6 +243,13 @@ func run(cfg Config) (*sim, error) {
 	s.busy = make([]bool, cfg.Replicas)
 	if cfg.Tenants > 0 {
 		s.tenants = rand.New(rand.NewPCG(cfg.Seed, 0x7e4a47))
+	}
+	if cfg.LongShort {
+		m, err := medianCost(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		s.medianCost = m
 	}
 	s.total = make([]int64, cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
@@ -515,13 +529,17 @@ func (s *sim) arrive(g *gateway, gi int32) {
 		return // the floor: the same critical arrivals, no sheddable traffic
 	}
 	tenantB := false
-	if s.tenants != nil {
+	switch {
+	case s.tenants != nil:
 		// Drawn for every arrival, so that B's arrivals are the same with
-		// and without A.
-		tenantB = s.tenants.Float64() < 1/(1+s.cfg.Tenants)
+		// and without A. Critical traffic is B's alone: A is the noisy
+		// neighbour of the sheddable band.
+		tenantB = s.tenants.Float64() < 1/(1+s.cfg.Tenants) || a.Critical
 		if s.cfg.TenantBAlone && !tenantB {
 			return
 		}
+	case s.cfg.LongShort:
+		tenantB = a.Input+a.Output <= s.medianCost
 	}
 	s.catchUp(g)
 	id := int32(len(s.reqs))
@@ -574,10 +592,27 @@ func (s *sim) arrive(g *gateway, gi int32) {
 	s.schedule(g, gi)
 }
 
+// medianCost returns the median cost (input + output tokens) of cfg's workload: the
+// median of 10,001 draws from a generator with a stream of its own, so the boundary
+// between Config.LongShort's tenants is the same for every seed.
+func medianCost(cfg Config) (int, error) {
+	gen, err := workload.NewGenerator(cfg.Workload, 1, cfg.CV, 0x10e6, 0x5407)
+	if err != nil {
+		return 0, err
+	}
+	costs := make([]int, 10001)
+	for i := range costs {
+		a := gen.Next()
+		costs[i] = a.Input + a.Output
+	}
+	slices.Sort(costs)
+	return costs[len(costs)/2], nil
+}
+
 // enqueue hands request id to flowgate's dispatcher: with tenants, as an item of its
 // tenant's flow at its token cost.
 func (s *sim) enqueue(g *gateway, band int, id int32, a workload.Arrival) error {
-	if s.tenants == nil {
+	if s.tenants == nil && !s.cfg.LongShort {
 		return g.d.Enqueue(band, id)
 	}
 	flow := "A"
@@ -731,6 +766,13 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 	r := s.route(g)
 	q.replica = int32(r)
 	q.dispatch = s.now
+	if s.cfg.LongShort && !q.critical && s.now >= s.window/4 && s.now < 3*s.window/4 {
+		t := 0
+		if q.tenantB {
+			t = 1
+		}
+		s.tokens[t] += float64(q.vr.Input + q.vr.Output)
+	}
 	if err := s.replicas[r].Add(q.vr); err != nil {
 		s.err = fmt.Errorf("cluster: request %d: %w", id, err)
 		return

@@ -383,9 +383,9 @@ func TestAdmissionShedsSheddableOnly(t *testing.T) {
 }
 
 // TestTenantsNoisyNeighbour: with -tenants, B's arrivals are the same with and
-// without A (TenantBAlone), A sends about Tenants times B's rate, every request
-// still ends once, and under round-robin B's sheddable tail is far below
-// fcfs's (the fairness actually reorders the band).
+// without A (TenantBAlone), every critical arrival is B's, A sends about Tenants
+// times B's sheddable rate, every request still ends once, and under round-robin
+// B's sheddable tail is far below fcfs's (the fairness actually reorders the band).
 func TestTenantsNoisyNeighbour(t *testing.T) {
 	c := short(workload.Codegen, 16, SoftReflective)
 	c.Duration = 2 * time.Minute // long enough for the sheddable band to back up
@@ -397,9 +397,18 @@ func TestTenantsNoisyNeighbour(t *testing.T) {
 	alone, err := run(c)
 	require.NoError(t, err)
 	var bWith, bAlone []int64
+	var aShed, bShed int
 	for _, q := range fcfs.reqs {
 		if q.tenantB {
 			bWith = append(bWith, q.arrive)
+		}
+		switch {
+		case q.critical:
+			require.True(t, q.tenantB, "a critical arrival was A's")
+		case q.tenantB:
+			bShed++
+		default:
+			aShed++
 		}
 	}
 	for _, q := range alone.reqs {
@@ -407,12 +416,52 @@ func TestTenantsNoisyNeighbour(t *testing.T) {
 		bAlone = append(bAlone, q.arrive)
 	}
 	require.Equal(t, bWith, bAlone, "B's arrivals differ with and without A")
-	ratio := float64(len(fcfs.reqs)-len(bWith)) / float64(len(bWith))
-	require.InDelta(t, 10, ratio, 2.5, "A:B rate")
+	require.InDelta(t, 10, float64(aShed)/float64(bShed), 2.5, "A:B sheddable rate")
 
 	c.TenantBAlone, c.Fairness = false, flowcontrol.FairnessRoundRobin
 	rr, err := run(c)
 	require.NoError(t, err)
 	checkInvariants(t, rr)
 	require.Less(t, rr.result().TenantBSheddableTTFTp99, fcfs.result().TenantBSheddableTTFTp99/2)
+}
+
+// TestTenantsLongShort: with LongShort, A's requests are the ones costing more than
+// the median (so about half of the arrivals, and the longer ones), fair-share gives
+// the two tenants equal token shares of a backlogged sheddable band (within ±10 %)
+// where fcfs gives the long tenant its larger demand, and every request ends once.
+func TestTenantsLongShort(t *testing.T) {
+	c := short(workload.Codegen, 24, SoftReflective)
+	c.Duration = 2 * time.Minute
+	c.LongShort, c.Fairness = true, flowcontrol.FairnessShare
+	fs, err := run(c)
+	require.NoError(t, err)
+	checkInvariants(t, fs)
+	var a, b int
+	var costA, costB float64
+	for _, q := range fs.reqs {
+		cost := q.vr.Input + q.vr.Output
+		if q.tenantB {
+			b++
+			costB += float64(cost)
+			require.LessOrEqual(t, cost, fs.medianCost)
+		} else {
+			a++
+			costA += float64(cost)
+			require.Greater(t, cost, fs.medianCost)
+		}
+	}
+	require.InDelta(t, 1, float64(a)/float64(b), 0.15, "request rates A:B")
+	require.Greater(t, costA/float64(a), 1.3*costB/float64(b), "A's requests are the long ones")
+	share := fs.result().TenantATokenShare
+	require.InDelta(t, 0.5, share, 0.05, "fair-share token share of the long tenant")
+
+	c.Fairness = flowcontrol.FairnessFCFS
+	fcfs, err := run(c)
+	require.NoError(t, err)
+	checkInvariants(t, fcfs)
+	require.Greater(t, fcfs.result().TenantATokenShare, 0.6, "fcfs serves the long tenant's larger demand")
+
+	c.Tenants = 10
+	_, err = Run(c)
+	require.ErrorIs(t, err, ErrInvalidConfig)
 }
