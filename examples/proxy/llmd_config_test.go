@@ -24,10 +24,15 @@ func TestParseConfigLLMDEndpointPickerConfig(t *testing.T) {
 	require.Equal(t, []gateway.Band{
 		// maxRequests "2k" is capped by the global "1k"; maxBytes from the
 		// template (512Mi); max wait from defaultRequestTTL.
-		{Name: "priority100", Priority: 100, Capacity: 1000, MaxWait: time.Minute, MaxBytes: 512 << 20},
-		// capacity from the template ("500"); its own maxBytes.
-		{Name: "priority0", Priority: 0, Capacity: 500, MaxWait: time.Minute, MaxBytes: 1 << 30},
-		{Name: "priority-10", Priority: -10, Capacity: 200, MaxWait: time.Minute, MaxBytes: 1 << 20},
+		// Its own fairnessPolicyRef (round-robin), the template's ordering.
+		{Name: "priority100", Priority: 100, Capacity: 1000, MaxWait: time.Minute, MaxBytes: 512 << 20,
+			Fairness: flowcontrol.FairnessRoundRobin, Ordering: flowcontrol.OrderingFCFS},
+		// capacity from the template ("500"); its own maxBytes; the template's
+		// global-strict fairness (fcfs) and fcfs ordering.
+		{Name: "priority0", Priority: 0, Capacity: 500, MaxWait: time.Minute, MaxBytes: 1 << 30,
+			Fairness: flowcontrol.FairnessFCFS, Ordering: flowcontrol.OrderingFCFS},
+		{Name: "priority-10", Priority: -10, Capacity: 200, MaxWait: time.Minute, MaxBytes: 1 << 20,
+			Fairness: flowcontrol.FairnessFCFS, Ordering: flowcontrol.OrderingFCFS},
 	}, cfg.Bands)
 	require.Equal(t, gateway.PolicyRef{Type: flowcontrol.SoftReflectivePolicyName}, cfg.Policy)
 	require.Equal(t, 2, cfg.DefaultBand)
@@ -38,12 +43,12 @@ func TestParseConfigLLMDEndpointPickerConfig(t *testing.T) {
 	require.Equal(t, 250*time.Millisecond, cfg.Saturation.MetricsStalenessThreshold)
 	warnings := strings.Join(cfg.Warnings, "\n")
 	for _, w := range []string{"featureGates (line 6): ignored", "schedulingProfiles (line 19): ignored",
-		`plugin type "round-robin-fairness-policy" ignored`, `plugin type "queue-scorer" ignored`, `plugin type "max-score-picker" ignored`,
-		`flowControl.priorityBands[0].fairnessPolicyRef (line 36): "round-robin-fairness-policy" ignored`,
+		`plugin type "queue-scorer" ignored`, `plugin type "max-score-picker" ignored`,
 		"flowControl.maxRequests/maxBytes: applied per band"} {
 		require.Contains(t, warnings, w)
 	}
-	require.Len(t, cfg.Warnings, 7, warnings)
+	require.NotContains(t, warnings, "fairness", "fairness policies are flowgate's now")
+	require.Len(t, cfg.Warnings, 5, warnings)
 }
 
 func TestParseConfigLLMDErrors(t *testing.T) {

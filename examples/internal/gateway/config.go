@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -119,6 +120,11 @@ type fileBand struct {
 	MaxBytes          yaml.Node `yaml:"maxBytes"`
 	FairnessPolicyRef string    `yaml:"fairnessPolicyRef"`
 	OrderingPolicyRef string    `yaml:"orderingPolicyRef"`
+	// flowgate's names for the same settings (flowcontrol.BandConfig), and
+	// the per-flow bound llm-d does not have.
+	Fairness     string `yaml:"fairness"`
+	Ordering     string `yaml:"ordering"`
+	FlowCapacity *int   `yaml:"flowCapacity"`
 }
 
 type fileSaturationDetector struct {
@@ -173,6 +179,13 @@ type Band struct {
 	Capacity int
 	MaxWait  time.Duration // 0: no limit
 	MaxBytes int64         // byte budget of the band's waiting bodies; 0: none
+	// Fairness, Ordering and FlowCapacity are flowcontrol.BandConfig's: how
+	// the band shares its releases between flows (the fairness-id header),
+	// the order within a flow, and what one flow may hold ("" and 0: fcfs,
+	// no bound).
+	Fairness     string
+	Ordering     string
+	FlowCapacity int
 }
 
 // PolicyRef is the selected usage-limit policy: a registry type name and its
@@ -492,12 +505,95 @@ const (
 	detectorConcurrency = "concurrency-detector"
 )
 
-// llm-d's default fairness and ordering policies: the only behaviour
-// flowgate has (one FIFO queue per band).
+// llm-d's fairness and ordering policy types, and the flowcontrol policy
+// each maps to. program-aware-fairness (least attained service on tokens,
+// decayed with a 60 s half-life) maps to fair-share (start-time fair
+// queuing on tokens, no decay) with a warning; slo-deadline-ordering-policy
+// and edf-ordering-policy both map to edf, whose deadline is the request's
+// x-llm-d-slo-ttft-ms if it has one, else its max wait.
 const (
-	fairnessDefault = "global-strict-fairness-policy"
-	orderingDefault = "fcfs-ordering-policy"
+	fairnessDefault      = "global-strict-fairness-policy"
+	fairnessRoundRobin   = "round-robin-fairness-policy"
+	fairnessProgramAware = "program-aware-fairness"
+	orderingDefault      = "fcfs-ordering-policy"
+	orderingEDF          = "edf-ordering-policy"
+	orderingSLO          = "slo-deadline-ordering-policy"
 )
+
+var llmdFairness = map[string]string{
+	fairnessDefault:      flowcontrol.FairnessFCFS,
+	fairnessRoundRobin:   flowcontrol.FairnessRoundRobin,
+	fairnessProgramAware: flowcontrol.FairnessShare,
+}
+
+var llmdOrdering = map[string]string{
+	orderingDefault: flowcontrol.OrderingFCFS,
+	orderingEDF:     flowcontrol.OrderingEDF,
+	orderingSLO:     flowcontrol.OrderingEDF,
+}
+
+// bandQueueing resolves a band's fairness, ordering and flow capacity from
+// flowgate's keys (fairness, ordering, flowCapacity) and llm-d's references
+// (fairnessPolicyRef, orderingPolicyRef: a declared plugin's name or a policy
+// type), over the template's; the two spellings of one setting must agree.
+func bandQueueing(root *yaml.Node, b fileBand, path string, plugins map[string]string, tmpl Band, warn func(string, ...any)) (Band, error) {
+	out := tmpl
+	resolve := func(field, ref string, table map[string]string) (string, error) {
+		typ := ref
+		if t, ok := plugins[ref]; ok {
+			typ = t
+		}
+		v, ok := table[typ]
+		if !ok {
+			names := slices.Sorted(maps.Keys(table))
+			return "", fieldError(root, path+"."+field, "%q is neither a declared plugin of, nor one of, the types %s", ref, strings.Join(names, ", "))
+		}
+		if typ == fairnessProgramAware {
+			warn("%s.%s (line %d): %q is approximated by flowgate's fair-share (start-time fair queuing on prompt + output tokens, without the 60 s decay)",
+				path, field, lineOf(root, path+"."+field), ref)
+		}
+		return v, nil
+	}
+	for _, f := range []struct {
+		native, ref, nativeField, refField string
+		table                              map[string]string
+		valid                              []string
+		dst                                *string
+	}{
+		{b.Fairness, b.FairnessPolicyRef, "fairness", "fairnessPolicyRef", llmdFairness,
+			[]string{flowcontrol.FairnessFCFS, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}, &out.Fairness},
+		{b.Ordering, b.OrderingPolicyRef, "ordering", "orderingPolicyRef", llmdOrdering,
+			[]string{flowcontrol.OrderingFCFS, flowcontrol.OrderingEDF}, &out.Ordering},
+	} {
+		v := ""
+		if f.ref != "" {
+			r, err := resolve(f.refField, f.ref, f.table)
+			if err != nil {
+				return Band{}, err
+			}
+			v = r
+		}
+		if f.native != "" {
+			if !slices.Contains(f.valid, f.native) {
+				return Band{}, fieldError(root, path+"."+f.nativeField, "%q must be one of %s", f.native, strings.Join(f.valid, ", "))
+			}
+			if v != "" && v != f.native {
+				return Band{}, fieldError(root, path+"."+f.nativeField, "%q contradicts %s %q (%s): give one", f.native, f.refField, f.ref, v)
+			}
+			v = f.native
+		}
+		if v != "" {
+			*f.dst = v
+		}
+	}
+	if c := b.FlowCapacity; c != nil {
+		if *c < 0 || *c > MaxBandCapacity {
+			return Band{}, fieldError(root, path+".flowCapacity", "must be in 0..%d (0: no per-flow bound), got %d", MaxBandCapacity, *c)
+		}
+		out.FlowCapacity = *c
+	}
+	return out, nil
+}
 
 // checkKeys refuses keys of a mapping node not in allowed, naming the field.
 func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
@@ -607,6 +703,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	// utilization detector read; anything else ignored with a warning.
 	plugins := map[string]PolicyRef{}
 	detectors := map[string]filePlugin{}
+	queuePlugins := map[string]string{} // fairness and ordering plugins: name → type
 	seen := map[string]bool{}
 	for i, p := range fc.Plugins {
 		path := fmt.Sprintf("plugins[%d]", i)
@@ -652,6 +749,9 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 				return Config{}, err
 			}
 			detectors[name] = p
+			continue
+		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
+			queuePlugins[name] = p.Type
 			continue
 		default:
 			warn("%s (line %d): plugin type %q ignored (flowgate implements %s, %s and %s)", path, lineOf(root, path),
@@ -740,6 +840,8 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 		defaultWait = v
 	}
 	tmplReqs, tmplBytes := int64(0), int64(0)
+	var tmpl fileBand
+	var tmplQueue Band // the template's fairness, ordering and flow capacity
 	hasTmplReqs, hasTmplBytes := false, false
 	defaultBandName := ""
 	switch n := &fcf.DefaultPriorityBand; n.Kind {
@@ -748,11 +850,14 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 		defaultBandName = n.Value
 	case yaml.MappingNode:
 		path := "flowControl.defaultPriorityBand"
-		if err := checkKeys(root, n, path, "maxRequests", "maxBytes", "fairnessPolicyRef", "orderingPolicyRef"); err != nil {
+		if err := checkKeys(root, n, path, "maxRequests", "maxBytes", "fairnessPolicyRef", "orderingPolicyRef",
+			"fairness", "ordering", "flowCapacity"); err != nil {
 			return Config{}, err
 		}
-		var tmpl fileBand
 		if err := decodeNode(root, n, &tmpl); err != nil {
+			return Config{}, err
+		}
+		if tmplQueue, err = bandQueueing(root, tmpl, path, queuePlugins, Band{}, warn); err != nil {
 			return Config{}, err
 		}
 		if tmplReqs, hasTmplReqs, err = quantityAt(root, &tmpl.MaxRequests, path+".maxRequests"); err != nil {
@@ -792,14 +897,12 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 				return Config{}, fieldError(root, path+".name", "duplicate band name %q", b.Name)
 			}
 			names[b.Name] = true
-			for _, ref := range []struct{ field, v, def string }{
-				{"fairnessPolicyRef", b.FairnessPolicyRef, fairnessDefault}, {"orderingPolicyRef", b.OrderingPolicyRef, orderingDefault}} {
-				if ref.v != "" && ref.v != ref.def {
-					warn("%s.%s (line %d): %q ignored: flowgate keeps one FIFO queue per band (%s)",
-						path, ref.field, lineOf(root, path+"."+ref.field), ref.v, ref.def)
-				}
-			}
 			band := Band{Name: b.Name, Priority: *b.Priority, Capacity: defaultBandCapacity, MaxBytes: DefaultBandBytes}
+			q, err := bandQueueing(root, b, path, queuePlugins, tmplQueue, warn)
+			if err != nil {
+				return Config{}, err
+			}
+			band.Fairness, band.Ordering, band.FlowCapacity = q.Fairness, q.Ordering, q.FlowCapacity
 			capPath := path + ".capacity"
 			reqs, hasReqs, err := quantityAt(root, &b.MaxRequests, path+".maxRequests")
 			if err != nil {

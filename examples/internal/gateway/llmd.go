@@ -20,7 +20,8 @@ import (
 //	llm_d_epp_flow_control_pool_saturation                                      gauge
 //
 // priority is the band's configured priority; fairness_id is always
-// "default-flow" (flowgate keeps one FIFO queue per band). Outcomes use
+// "default-flow": the outcome hook these are fed from carries the band, not
+// the flow (flowmetrics' flowgate_flow_* series are the per-tenant view). Outcomes use
 // llm-d's names: Dispatched, RejectedCapacity (queue or byte budget full),
 // RejectedOther (shutting down, whether queued or arriving, and not
 // running), EvictedTTL (max wait), EvictedContextCancelled (the client left

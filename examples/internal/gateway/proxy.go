@@ -351,7 +351,8 @@ func newController(cfg Config, policy flowcontrol.CeilingPolicy, src flowcontrol
 	onOutcome func(int, error, time.Duration)) (*flowcontrol.Controller, error) {
 	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
 	for i, b := range cfg.Bands {
-		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes}
+		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes,
+			Fairness: b.Fairness, Ordering: b.Ordering, FlowCapacity: b.FlowCapacity}
 	}
 	return flowcontrol.NewController(flowcontrol.ControllerConfig{
 		Config: flowcontrol.Config{
