@@ -146,6 +146,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("saturationDetector: {scrapeInterval: 10ms, metricsStalenessThreshold: 5ms}\n")
 	f.Add("flowControl: {objectives: {x: y}}\n")
 	f.Add("a: &a [*a]\n")
+	f.Add("plugins:\n  - {name: rr, type: round-robin-fairness-policy}\nflowControl:\n  defaultPriorityBand: {fairnessPolicyRef: rr, flowCapacity: 2}\n  priorityBands:\n    - {priority: 1, capacity: 3, orderingPolicyRef: edf-ordering-policy}\n")
+	f.Add("flowControl:\n  priorityBands:\n    - {priority: 1, fairness: fair-share, fairnessPolicyRef: program-aware-fairness, flowCapacity: 9}\n")
 	f.Fuzz(func(t *testing.T, src string) {
 		cfg, err := gateway.ParseConfig(strings.NewReader(src))
 		if err != nil {

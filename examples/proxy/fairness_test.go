@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,13 @@ flowControl:
 	require.Equal(t, []int{0, 0, 3, 0}, []int{cfg.Bands[0].FlowCapacity, cfg.Bands[1].FlowCapacity,
 		cfg.Bands[2].FlowCapacity, cfg.Bands[3].FlowCapacity})
 	warnings := strings.Join(cfg.Warnings, "\n")
+
+	// Without priorityBands, flowgate's default bands take the template's.
+	def, err := parse("flowControl:\n  defaultPriorityBand: {fairness: fair-share, ordering: edf, flowCapacity: 7}\n")
+	require.NoError(t, err)
+	for _, b := range def.Bands {
+		require.Equal(t, [3]any{flowcontrol.FairnessShare, flowcontrol.OrderingEDF, 7}, [3]any{b.Fairness, b.Ordering, b.FlowCapacity}, b.Name)
+	}
 	require.Contains(t, warnings, `flowControl.priorityBands[1].fairnessPolicyRef (line 10): "program-aware-fairness" is approximated by flowgate's fair-share`)
 
 	for _, tc := range []struct{ name, src, want string }{
@@ -64,6 +72,12 @@ flowControl:
 			`fairness (line 3): "fcfs" contradicts fairnessPolicyRef "round-robin-fairness-policy" (round-robin): give one`},
 		{"negative flow capacity", "flowControl:\n  priorityBands:\n    - {priority: 1, flowCapacity: -1}\n",
 			`flowCapacity (line 3): must be in 0..`},
+		{"flow capacity on an fcfs band", "flowControl:\n  priorityBands:\n    - {name: a, priority: 1, flowCapacity: 2}\n",
+			`flowControl.priorityBands[0].flowCapacity (line 3): band "a": a per-flow capacity needs fairness round-robin or fair-share (the band has "fcfs")`},
+		{"flow capacity above capacity", "flowControl:\n  priorityBands:\n    - {name: a, priority: 1, capacity: 4, fairness: round-robin, flowCapacity: 5}\n",
+			`band "a": 5 exceeds the band's capacity 4`},
+		{"template flow capacity on default bands", "flowControl:\n  defaultPriorityBand: {flowCapacity: 2}\n",
+			`flowControl.defaultPriorityBand.flowCapacity (line 2): band "critical": a per-flow capacity needs fairness`},
 		{"template key", "flowControl:\n  defaultPriorityBand: {fairness: lottery}\n",
 			`flowControl.defaultPriorityBand.fairness (line 2): "lottery" must be one of`},
 	} {
@@ -140,4 +154,55 @@ func TestProxyFlowCapacityPerTenant(t *testing.T) {
 		st := p.Controller().Stats().Bands[1]
 		return st.Queued == 0 && st.Cancelled == 2
 	})
+}
+
+// A backlog built while the sheddable band was blocked does not reach the
+// pool in one go when the band reopens: with the in-flight credit (the
+// proxy's default) each forwarded request counts as waiting at once and the
+// proxy re-reads the saturation while it drains, so against one idle-looking
+// pod (queue threshold 5) exactly 5 of 20 queued requests are forwarded — 3
+// while the band is open (s ≤ 0.5), one at Every 2 (s 0.6), one at Every 4
+// (s 0.8), then s = 1 blocks it — however many readings come.
+func TestProxyBacklogDoesNotFloodOnReopen(t *testing.T) {
+	var reached atomic.Int64
+	release := make(chan struct{})
+	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) })
+	cfg := testConfig()
+	require.True(t, cfg.Saturation.InFlightCredit, "the proxy's default")
+	p, srv := runGateway(t, cfg, gateway.Options{}, true, b.srv.URL)
+	b.saturated.Store(true)
+	gatedNow(t, p)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	const queued = 20
+	for range queued {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"prompt":"x"}`))
+			req.Header.Set(gateway.ObjectiveHeader, "sheddable")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	eventually(t, "the backlog queued", func() bool { return p.Controller().Stats().Bands[1].Queued == queued })
+	require.Zero(t, reached.Load())
+
+	b.saturated.Store(false) // the pod reads idle: only the credit counts
+	eventually(t, "the band reopened and gated itself again", func() bool { return reached.Load() >= 5 })
+	// Many readings later, still 5: the credit keeps the band blocked.
+	scrapes := p.Poller().ReadingSeq()
+	eventually(t, "20 more readings", func() bool { return p.Poller().ReadingSeq() >= scrapes+20 })
+	require.Equal(t, int64(5), reached.Load(), "requests forwarded after the band reopened")
+	require.Equal(t, queued-5, p.Controller().Stats().Bands[1].Queued)
 }

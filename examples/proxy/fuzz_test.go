@@ -26,6 +26,7 @@ func FuzzNewProxy(f *testing.F) {
 	f.Add("flowControl: {tick: 0s, burst: 0}\n", "http://a:1/v1/../", "http://a:1/x")
 	f.Add("saturationDetector: {scrapeInterval: 1ns, metricsStalenessThreshold: 2ns}\n", "https://[::1]:443", "")
 	f.Add("plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: 0}\nflowControl: {usageLimitPolicyPluginRef: static-usage-limit-policy}\n", "http://a", "")
+	f.Add("flowControl:\n  defaultPriorityBand: {fairness: round-robin, ordering: edf, flowCapacity: 3}\n", "http://a:1", "")
 	f.Fuzz(func(t *testing.T, yamlSrc, b1, b2 string) {
 		cfg, err := gateway.ParseConfig(strings.NewReader(yamlSrc))
 		if err != nil {

@@ -113,6 +113,7 @@ type jsonRecord struct {
 	BCriticalTTFTp99  float64 `json:"b_critical_ttft_p99_ms,omitempty"`
 	BSheddableTTFTp99 float64 `json:"b_sheddable_ttft_p99_ms,omitempty"`
 	ATokenShare       float64 `json:"a_token_share,omitempty"`
+	BSheddableWaitp99 float64 `json:"b_sheddable_wait_p99_ms,omitempty"`
 	CriticalTTFTp50   float64 `json:"critical_ttft_p50_ms"`
 	CriticalTTFTp99   float64 `json:"critical_ttft_p99_ms"`
 	CriticalE2Ep99    float64 `json:"critical_e2e_p99_ms"`
@@ -140,6 +141,7 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 			BCriticalTTFTp99:  round3(r.TenantBCriticalTTFTp99),
 			BSheddableTTFTp99: round3(r.TenantBSheddableTTFTp99),
 			ATokenShare:       round3(r.TenantATokenShare),
+			BSheddableWaitp99: round3(r.TenantBSheddableWaitp99),
 			CriticalTTFTp50:   round3(r.Critical.TTFTp50),
 			CriticalTTFTp99:   round3(r.Critical.TTFTp99),
 			CriticalE2Ep99:    round3(r.Critical.E2Ep99),

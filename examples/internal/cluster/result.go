@@ -45,6 +45,9 @@ type Result struct {
 	// TenantBCriticalTTFTp99 and TenantBSheddableTTFTp99 (ms) are tenant B's critical and
 	// sheddable TTFT p99 when Config.Tenants is set (counted as TTFTp99 is), 0 otherwise.
 	TenantBCriticalTTFTp99, TenantBSheddableTTFTp99 float64
+	// TenantBSheddableWaitp99 (ms) is the p99 of the time tenant B's sheddable requests
+	// spent in the gateway's queue (dispatched ones only) when Config.Tenants is set.
+	TenantBSheddableWaitp99 float64
 	// TenantATokenShare is, with Config.LongShort, tenant A's (the long requests')
 	// share of the sheddable tokens (input + output) dispatched in the middle half of
 	// the arrival window; 0 otherwise.
@@ -114,6 +117,7 @@ func (s *sim) result() Result {
 	}
 	if s.tenants != nil {
 		var b [2][]float64
+		var wait []float64
 		for i := range s.reqs {
 			q := &s.reqs[i]
 			if !q.tenantB || q.rejected || q.shed {
@@ -122,6 +126,9 @@ func (s *sim) result() Result {
 			c := 1
 			if q.critical {
 				c = 0
+			}
+			if c == 1 && q.dispatch >= 0 {
+				wait = append(wait, ms(q.dispatch-q.arrive))
 			}
 			switch {
 			case q.first >= 0:
@@ -134,6 +141,8 @@ func (s *sim) result() Result {
 			slices.Sort(b[c])
 		}
 		res.TenantBCriticalTTFTp99, res.TenantBSheddableTTFTp99 = Percentile(b[0], 0.99), Percentile(b[1], 0.99)
+		slices.Sort(wait)
+		res.TenantBSheddableWaitp99 = Percentile(wait, 0.99)
 	}
 	for c := range 2 {
 		slices.Sort(ttft[c])

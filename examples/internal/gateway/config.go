@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -595,6 +596,22 @@ func bandQueueing(root *yaml.Node, b fileBand, path string, plugins map[string]s
 	return out, nil
 }
 
+// checkFlowCapacity applies flowcontrol's rules for a per-flow bound to a
+// resolved band, naming the field: at most the band's capacity, and only on a
+// band that has flows.
+func checkFlowCapacity(root *yaml.Node, b Band, path string) error {
+	switch {
+	case b.FlowCapacity == 0:
+		return nil
+	case b.Fairness != flowcontrol.FairnessRoundRobin && b.Fairness != flowcontrol.FairnessShare:
+		return fieldError(root, path, "band %q: a per-flow capacity needs fairness %s or %s (the band has %q)",
+			b.Name, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare, cmp.Or(b.Fairness, flowcontrol.FairnessFCFS))
+	case b.FlowCapacity > b.Capacity:
+		return fieldError(root, path, "band %q: %d exceeds the band's capacity %d", b.Name, b.FlowCapacity, b.Capacity)
+	}
+	return nil
+}
+
 // checkKeys refuses keys of a mapping node not in allowed, naming the field.
 func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
 	if n.Kind == 0 {
@@ -953,15 +970,31 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			case defaultWait != nil:
 				band.MaxWait = *defaultWait
 			}
+			fcPath := path + ".flowCapacity"
+			if b.FlowCapacity == nil {
+				fcPath = "flowControl.defaultPriorityBand.flowCapacity"
+			}
+			if err := checkFlowCapacity(root, band, fcPath); err != nil {
+				return Config{}, err
+			}
 			bands = append(bands, band)
 		}
 		sort.SliceStable(bands, func(i, j int) bool { return bands[i].Priority > bands[j].Priority })
 		cfg.Bands = bands
 		cfg.DefaultBand = len(bands) - 1
 		cfg.Objectives = defaultObjectives(bands)
-	} else if defaultWait != nil {
+	} else {
+		// flowgate's default bands take the template's fairness, ordering
+		// and flow capacity (and the default request TTL).
 		for i := range cfg.Bands {
-			cfg.Bands[i].MaxWait = *defaultWait
+			b := &cfg.Bands[i]
+			if defaultWait != nil {
+				b.MaxWait = *defaultWait
+			}
+			b.Fairness, b.Ordering, b.FlowCapacity = tmplQueue.Fairness, tmplQueue.Ordering, tmplQueue.FlowCapacity
+			if err := checkFlowCapacity(root, *b, "flowControl.defaultPriorityBand.flowCapacity"); err != nil {
+				return Config{}, err
+			}
 		}
 	}
 
