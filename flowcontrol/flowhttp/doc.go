@@ -60,4 +60,17 @@
 // copies of flowhttp's own headers in the handler's response (a backend that
 // is itself behind flowgate) are removed, so a 429 from a backend cannot be
 // mistaken for one of ours.
+//
+// # Releases the saturation has not seen yet
+//
+// The Controller releases a request in its dispatcher's goroutine; the
+// wrapped handler forwards it a scheduling delay later, on the request's
+// goroutine. A saturation source that counts requests when they are
+// forwarded (saturation.Poller's in-flight credit, through Dispatched) does
+// not see a backlog the dispatcher is draining, so an open band can release
+// all of it before the saturation moves. Charge the gap in the source the
+// Controller reads: Controller.InFlight counts a release before its waiter
+// wakes, so InFlight minus the requests the handler has forwarded is what
+// the poller has not counted yet; examples/internal/gateway's releasedCredit
+// does this, with Pacing.Recheck, in the example proxy.
 package flowhttp
