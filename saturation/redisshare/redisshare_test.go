@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -287,8 +288,14 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 	control := measureRequestPath(ep, a.sharedView, controlOver)
 	t.Logf("request path, Redis healthy (1 s): %v", control)
 	stallOver := make(chan struct{})
-	during := make(chan roundStats, 1)
+	during, null := make(chan roundStats, 1), make(chan roundStats, 1)
 	go func() { during <- measureRequestPath(ep, a.sharedView, stallOver) }()
+	// Beside it, the same loop over a private counter, which cannot touch
+	// Redis or the sync loop: the scheduling noise of this window.
+	go func() {
+		var n atomic.Int64
+		null <- measureRounds(func() { n.Add(1); _ = n.Load(); _ = n.Load(); n.Add(-1) }, stallOver)
+	}()
 	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGSTOP))
 	stalled := time.Now()
 	require.Eventually(t, func() bool { return a.State() == Down }, 2*time.Second, time.Millisecond)
@@ -297,17 +304,19 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 	<-time.After(2*time.Second - time.Since(stalled)) // the stall's length, not a wait for a condition
 	require.NoError(t, syscall.Kill(srv.Pid(), syscall.SIGCONT))
 	close(stallOver)
-	r := <-during
+	r, noise := <-during, <-null
 	t.Logf("request path, Redis SIGSTOPped (2 s): %v", r)
+	t.Logf("private counter beside it (noise):    %v", noise)
 	require.Positive(t, r.calls)
 	// A request path that called Redis, or shared a lock with the sync
 	// loop, would spend most of the stall inside slow rounds (the loop is
-	// inside a timed-out call most of the time). Scheduling noise on this
-	// shared machine puts a few hundred milliseconds there at most under
-	// -race, in the control phase too; a strict "every round under 1 ms"
-	// fails here on the control phase alone.
-	require.Less(t, r.slow, 500*time.Millisecond, "time spent in request-path rounds over 1 ms during the 2 s stall")
-	require.Less(t, r.worst, 200*time.Millisecond, "a request-path round took a tenth of the stall")
+	// inside a timed-out call 4 ms of every 5). Scheduling noise puts time
+	// there too — over a second of the 2 s once on this 2-core machine
+	// under a CI run beside benchmarks — but the same noise reaches the
+	// private loop beside it, so the bound is relative to that loop.
+	require.Less(t, r.slow, noise.slow+500*time.Millisecond,
+		"time spent in request-path rounds over 1 ms during the 2 s stall, beyond the noise")
+	require.Less(t, r.worst, time.Second, "a request-path round waited half the stall")
 	require.Eventually(t, func() bool { return a.State() == Up && a.InFlight("x") == 2 }, 2*time.Second, time.Millisecond)
 	requireTransitions(t, a.log.lines())
 }
@@ -470,6 +479,17 @@ func (r roundStats) String() string {
 // yields between rounds, so the Go scheduler rarely preempts it inside a
 // timed one.
 func measureRequestPath(ep *Endpoint, v *InFlight, stop <-chan struct{}) roundStats {
+	return measureRounds(func() {
+		ep.Inc()
+		_ = ep.InFlight()
+		_ = v.InFlight("x")
+		ep.Dec()
+	}, stop)
+}
+
+// measureRounds times calls of round until stop is closed, yielding between
+// them.
+func measureRounds(round func(), stop <-chan struct{}) roundStats {
 	var r roundStats
 	for {
 		select {
@@ -478,10 +498,7 @@ func measureRequestPath(ep *Endpoint, v *InFlight, stop <-chan struct{}) roundSt
 		default:
 		}
 		t0 := time.Now()
-		ep.Inc()
-		_ = ep.InFlight()
-		_ = v.InFlight("x")
-		ep.Dec()
+		round()
 		d := time.Since(t0)
 		r.worst = max(r.worst, d)
 		if d > time.Millisecond {
