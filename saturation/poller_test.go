@@ -129,18 +129,20 @@ func TestPollerBadEndpoints(t *testing.T) {
 				srv.Close() // nothing listens there any more
 			}
 			// Only the hanging pod needs a short timeout; the others get
-			// the longest the default staleness allows, so that a slow
-			// (race-instrumented) read of a 1 MiB body is not mistaken for
-			// a timeout.
-			timeout := DefaultStaleness
+			// 10 s (with a staleness to match: the clock is fake), so that
+			// a slow read of a 1 MiB body (race-instrumented, on a loaded
+			// 2-core machine: over 200 ms once in CI) is not mistaken for a
+			// timeout.
+			timeout, stale := 10*time.Second, 10*time.Second
 			if c.wantErr == context.DeadlineExceeded {
-				timeout = 50 * time.Millisecond
+				timeout, stale = 50*time.Millisecond, DefaultStaleness
 			}
 			p := newTestPoller(t, PollerConfig{
 				Endpoints:    []string{idle, bad},
 				Now:          clk.Now,
 				Timeout:      timeout,
 				MaxBodyBytes: 1 << 20,
+				Scorer:       Scorer{Staleness: stale},
 			})
 			err := p.Poll(context.Background())
 			require.Error(t, err)
@@ -161,7 +163,7 @@ func TestPollerBadEndpoints(t *testing.T) {
 			// With IgnoreStale the failed pod is left out.
 			p2 := newTestPoller(t, PollerConfig{
 				Endpoints: []string{idle, bad}, Now: clk.Now, Timeout: timeout,
-				MaxBodyBytes: 1 << 20, Scorer: Scorer{IgnoreStale: true},
+				MaxBodyBytes: 1 << 20, Scorer: Scorer{IgnoreStale: true, Staleness: stale},
 			})
 			require.Error(t, p2.Poll(context.Background()))
 			assert.Equal(t, 0.0, p2.Saturation())

@@ -360,7 +360,11 @@ func TestChaosBackends(t *testing.T) {
 	// over for ejectFor, so the three fast-failing backends draw about one
 	// request a second each instead of the most traffic (they have the
 	// fewest in flight). Least-in-flight alone served about a third here.
-	require.Greater(t, counts[outOK].Load(), int64(total/2), "most requests reach a healthy backend")
+	// Counted at the backends, of what was forwarded: on a machine too
+	// loaded for the bands' max waits (a CI run under -race beside
+	// benchmarks) requests expire before any backend, on either side.
+	good, failing := healthy.received.Load()+vanish.received.Load(), hang.received.Load()+e500.received.Load()+reset.received.Load()
+	require.Greater(t, good, 2*failing, "most forwarded requests reach a healthy backend")
 	require.Positive(t, downSeen.Load(), "the vanishing backend went down at least once")
 	var summary []string
 	for o := range counts {

@@ -70,6 +70,9 @@ func (s *Server) Pid() int { return s.cmd.Process.Pid }
 // Signal sends sig to the server process (SIGSTOP and SIGCONT to stall it).
 func (s *Server) Signal(sig syscall.Signal) error { return s.cmd.Process.Signal(sig) }
 
+// startTimeout bounds how long start waits for the server's first PONG.
+const startTimeout = 20 * time.Second
+
 func (s *Server) start() error {
 	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning")
@@ -78,7 +81,9 @@ func (s *Server) start() error {
 	}
 	s.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
-	deadline := time.Now().Add(5 * time.Second)
+	// Generous: on a loaded 2-core machine under -race a start has taken
+	// over 5 s; a healthy one answers in milliseconds.
+	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) {
 		select {
 		case <-s.done:
@@ -91,7 +96,7 @@ func (s *Server) start() error {
 		time.Sleep(2 * time.Millisecond) // pacing a poll with a deadline, not waiting blind
 	}
 	s.kill()
-	return fmt.Errorf("redis-server on port %d: no PONG within 5s", s.port)
+	return fmt.Errorf("redis-server on port %d: no PONG within %v", s.port, startTimeout)
 }
 
 // ping sends a raw PING (no client library, so no goroutines to leak).
@@ -142,7 +147,9 @@ func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
 	var err error
-	deadline := time.Now().Add(5 * time.Second)
+	// Generous: on a loaded 2-core machine under -race a start has taken
+	// over 5 s; a healthy one answers in milliseconds.
+	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) { // the port may linger briefly
 		if err = s.start(); err == nil {
 			return
