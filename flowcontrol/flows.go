@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 //
 // Ownership. A band whose Fairness is not fcfs ("a flow band") keeps the
 // lock-free ring as its only ingress: producers resolve the item's flow
-// (a sync.Map load, alloc-free for a known flow), count it against the flow
+// (a flowIndex load, alloc-free for a known flow), count it against the flow
 // (one atomic add, which is what makes FlowCapacity exact) and push onto the
 // ring. Everything else — the per-flow queues, the round-robin list, the
 // fair-share and expiry heaps, the virtual time — belongs to the goroutine
@@ -23,7 +22,7 @@ import (
 // the start of every run (Step, Poll). So no lock is added to the ingress
 // and none to the tick. fcfs bands never touch any of this.
 //
-// Cost, per item: ingress one sync.Map load and one atomic add more than an
+// Cost, per item: ingress one flowIndex load and one atomic add more than an
 // fcfs band; the tick moves the item once more (ring → flow queue) and, for
 // fair-share or a band with deadlines, does O(log active flows) heap work.
 // Memory: one flow record per flow seen within FlowIdle, whose queue buffer
@@ -73,6 +72,7 @@ type fentry[T any] struct {
 // Stats; the rest is owned by the tick goroutine.
 type flow[T any] struct {
 	id         string
+	hash       uint64        // the id's hash in the band's index (immutable once added)
 	count      atomic.Int64  // items accepted and not yet ended; deadFlow once forgotten
 	dispatched atomic.Uint64 // single writer: the tick
 	charge     atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
@@ -365,7 +365,7 @@ type flows[T any] struct {
 	flowCap int64 // 0 = none
 	idle    int64 // ns
 	ring    *queue.Ring[fentry[T]]
-	ids     sync.Map // string → *flow[T]
+	ix      flowIndex[T] // id → *flow[T]
 	// last is the flow the last lookup found: a band whose traffic is
 	// mostly one flow (DefaultFlow, from Enqueue and Wait) skips the map.
 	last     atomic.Pointer[flow[T]]
@@ -408,6 +408,7 @@ func newFlows[T any](bc BandConfig) *flows[T] {
 	}
 	fs.timed = bc.MaxWait > 0 || fs.edf
 	fs.ex.exp = true
+	fs.ix.init()
 	return fs
 }
 
@@ -417,19 +418,19 @@ func (fs *flows[T]) lookup(id string) *flow[T] {
 	for {
 		f := fs.last.Load()
 		if f == nil || f.id != id {
-			v, ok := fs.ids.Load(id)
-			if !ok {
-				nf := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
-				v, _ = fs.ids.LoadOrStore(id, nf)
+			h := fs.ix.hash(id)
+			if f = fs.ix.get(id, h); f == nil {
+				f = fs.ix.getOrAdd(id, h, func() *flow[T] {
+					return &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
+				})
 			}
-			f = v.(*flow[T])
 			fs.last.Store(f)
 		}
 		n := f.count.Add(1)
 		if n <= 0 {
 			// Forgotten by the tick between our load and our add:
 			// help remove it and look again.
-			fs.ids.CompareAndDelete(id, f)
+			fs.ix.remove(f)
 			fs.last.CompareAndSwap(f, nil)
 			continue
 		}
@@ -440,6 +441,10 @@ func (fs *flows[T]) lookup(id string) *flow[T] {
 		return f
 	}
 }
+
+// find returns id's flow, or nil if the band does not know it. Any
+// goroutine.
+func (fs *flows[T]) find(id string) *flow[T] { return fs.ix.get(id, fs.ix.hash(id)) }
 
 // EnqueueFlow is Enqueue for an item of flow id (a tenant; "" means
 // DefaultFlow) with a cost estimate (any unit, e.g. tokens; ≤ 0 or not
@@ -550,8 +555,8 @@ func (d *Dispatcher[T]) Charge(bandIdx int, id string, delta float64) {
 	if id == "" {
 		id = DefaultFlow
 	}
-	if v, ok := d.bands[bandIdx].flows.ids.Load(id); ok {
-		v.(*flow[T]).addCharge(delta)
+	if f := d.bands[bandIdx].flows.find(id); f != nil {
+		f.addCharge(delta)
 	}
 }
 
@@ -823,7 +828,7 @@ func (fs *flows[T]) forget(now int64) {
 			k++
 			continue
 		}
-		fs.ids.CompareAndDelete(f.id, f)
+		fs.ix.remove(f)
 		fs.last.CompareAndSwap(f, nil)
 		last := len(fs.all) - 1
 		fs.all[k] = fs.all[last]
@@ -885,14 +890,10 @@ func (d *Dispatcher[T]) Flows(band int) []FlowStats {
 	}
 	fs := d.bands[band].flows
 	out := make([]FlowStats, 0, fs.known.Load())
-	fs.ids.Range(func(_, v any) bool {
-		f := v.(*flow[T])
-		n := f.count.Load()
-		if n < 0 {
-			return true // forgotten
+	fs.ix.each(func(f *flow[T]) {
+		if n := f.count.Load(); n >= 0 { // else forgotten
+			out = append(out, FlowStats{Flow: f.id, Queued: int(n), Dispatched: f.dispatched.Load()})
 		}
-		out = append(out, FlowStats{Flow: f.id, Queued: int(n), Dispatched: f.dispatched.Load()})
-		return true
 	})
 	return out
 }
