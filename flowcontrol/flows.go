@@ -269,27 +269,16 @@ func (q *fifo[E]) pop() (E, bool) {
 
 func (q *fifo[E]) front() *E { return &q.buf[q.start] }
 
-// flowHeap is an indexed min-heap of flows: by virtual start tag (the
-// fair-share order) or, with exp, by the flow's earliest deadline (the
-// expiry order). Tick only.
+// flowHeap is the expiry order of a band's non-empty flows: an indexed
+// min-heap on each flow's earliest deadline (its head's), each flow knowing
+// its place (flow.exIdx). Tick only. (Fair-share's order is vtHeap.)
 type flowHeap[T any] struct {
-	fs  []*flow[T]
-	exp bool
+	fs []*flow[T]
 }
 
-func (h *flowHeap[T]) less(a, b *flow[T]) bool {
-	if h.exp {
-		return a.head().due < b.head().due
-	}
-	return a.start < b.start || a.start == b.start && a.order < b.order
-}
+func (h *flowHeap[T]) less(a, b *flow[T]) bool { return a.head().due < b.head().due }
 
-func (h *flowHeap[T]) idx(f *flow[T]) *int {
-	if h.exp {
-		return &f.exIdx
-	}
-	return &f.vtIdx
-}
+func (h *flowHeap[T]) idx(f *flow[T]) *int { return &f.exIdx }
 
 func (h *flowHeap[T]) swap(i, j int) {
 	h.fs[i], h.fs[j] = h.fs[j], h.fs[i]
@@ -382,7 +371,7 @@ type flows[T any] struct {
 	scratch [64]fentry[T] // drain's buffer
 	all     []*flow[T]
 	rr      fifo[*flow[T]]
-	vt      flowHeap[T]
+	vt      vtHeap[T]
 	ex      flowHeap[T]
 	vtime   float64 // fair-share virtual time
 	// maxFinish is the largest finish tag given: at the end of a busy
@@ -407,7 +396,6 @@ func newFlows[T any](bc BandConfig) *flows[T] {
 		fs.fair = fairShare
 	}
 	fs.timed = bc.MaxWait > 0 || fs.edf
-	fs.ex.exp = true
 	fs.ix.init()
 	return fs
 }
@@ -637,7 +625,7 @@ func (fs *flows[T]) took(f *flow[T], now int64) {
 // every idle flow's history is spent and a flow that comes back starts at
 // the virtual time whether or not it was forgotten meanwhile.
 func (fs *flows[T]) idleCheck() {
-	if fs.fair == fairShare && len(fs.vt.fs) == 0 {
+	if fs.fair == fairShare && fs.vt.len() == 0 {
 		fs.vtime = max(fs.vtime, fs.maxFinish)
 	}
 }
@@ -683,10 +671,10 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 			}
 			f = *fs.rr.front()
 		} else {
-			if len(fs.vt.fs) == 0 {
+			if fs.vt.len() == 0 {
 				return
 			}
-			f = fs.vt.fs[0]
+			f = fs.vt.top()
 		}
 		if e, ok := d.liveHead(i, b, f, now); ok {
 			b.budget--
@@ -849,8 +837,7 @@ func (d *Dispatcher[T]) closeFlows(i int, b *band[T]) {
 		}
 		f.vtIdx, f.exIdx, f.inList = -1, -1, false
 	}
-	clear(fs.vt.fs)
-	fs.vt.fs = fs.vt.fs[:0]
+	fs.vt.clear()
 	clear(fs.ex.fs)
 	fs.ex.fs = fs.ex.fs[:0]
 	for {
