@@ -79,7 +79,7 @@ func TestFlowIndexModel(t *testing.T) {
 				if ix.live != model.Size() {
 					t.Fatalf("live %d, model %d", ix.live, model.Size())
 				}
-				if tab := ix.tab.Load(); 2*ix.used > len(tab.slots) || len(tab.slots) > minIndexLen && 8*ix.live < len(tab.slots) {
+				if tab := ix.tab.Load(); 4*ix.used > 3*len(tab.slots) || len(tab.slots) > minIndexLen && 8*ix.live < len(tab.slots) {
 					t.Fatalf("%d used, %d live in %d slots", ix.used, ix.live, len(tab.slots))
 				}
 			},
