@@ -95,7 +95,6 @@ func (ix *flowIndex[T]) getOrAdd(id string, h uint64, mk func() *flow[T]) *flow[
 		return f
 	}
 	f := mk()
-	f.hash = h
 	t := ix.tab.Load()
 	if 4*(ix.used+1) > 3*len(t.slots) {
 		t = ix.rebuild(ix.live + 1)
@@ -119,14 +118,15 @@ func (ix *flowIndex[T]) getOrAdd(id string, h uint64, mk func() *flow[T]) *flow[
 func (ix *flowIndex[T]) remove(f *flow[T]) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	h := ix.hash(f.id)
 	t := ix.tab.Load()
-	for i := f.hash & t.mask; ; i = (i + 1) & t.mask {
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
 		s := &t.slots[i]
 		sh := s.hash.Load()
 		if sh == 0 {
 			return
 		}
-		if sh == f.hash && s.f.Load() == f {
+		if sh == h && s.f.Load() == f {
 			s.hash.Store(tombHash)
 			s.f.Store(nil)
 			ix.live--
@@ -152,12 +152,13 @@ func (ix *flowIndex[T]) rebuild(n int) *flowTable[T] {
 		if f == nil {
 			continue
 		}
-		i := f.hash & nt.mask
+		h := old.slots[k].hash.Load()
+		i := h & nt.mask
 		for nt.slots[i].hash.Load() != 0 {
 			i = (i + 1) & nt.mask
 		}
 		nt.slots[i].f.Store(f)
-		nt.slots[i].hash.Store(f.hash)
+		nt.slots[i].hash.Store(h)
 	}
 	ix.used = ix.live
 	ix.tab.Store(nt)

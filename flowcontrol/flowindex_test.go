@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/emirpasic/gods/v2/maps/hashmap"
 	"pgregory.net/rapid"
@@ -64,7 +65,7 @@ func TestFlowIndexModel(t *testing.T) {
 				// A flow that is not (or no longer) in the index: nothing
 				// changes, even when an equal id is there.
 				id := id(t)
-				ix.remove(&flow[int]{id: id, hash: ix.hash(id)})
+				ix.remove(&flow[int]{id: id})
 			},
 			"get": func(t *rapid.T) { check(t, id(t)) },
 			"": func(t *rapid.T) {
@@ -133,4 +134,33 @@ func TestFlowIndexConcurrent(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
+}
+
+// TestFlowLayout pins the layout flow's comment describes for an item of a
+// word: 256 bytes (a size class whose objects start on a cache line), the
+// producer's fields and the fifo in the first line, the tick's fair-share
+// state in the second. A field added in the wrong place moves the hot ones
+// apart, which only a benchmark at thousands of flows would show.
+func TestFlowLayout(t *testing.T) {
+	var f flow[int]
+	if s := unsafe.Sizeof(f); s != 256 {
+		t.Errorf("flow[int] is %d bytes, want 256", s)
+	}
+	line := func(off uintptr) uintptr { return off / 64 }
+	for name, off := range map[string]uintptr{
+		"id": unsafe.Offsetof(f.id), "count": unsafe.Offsetof(f.count), "fifo": unsafe.Offsetof(f.fifo),
+		"reg": unsafe.Offsetof(f.reg), "edf": unsafe.Offsetof(f.edf), "inList": unsafe.Offsetof(f.inList),
+	} {
+		if line(off) != 0 {
+			t.Errorf("%s at offset %d, not in the first cache line", name, off)
+		}
+	}
+	for name, off := range map[string]uintptr{
+		"start": unsafe.Offsetof(f.start), "finish": unsafe.Offsetof(f.finish), "order": unsafe.Offsetof(f.order),
+		"vtIdx": unsafe.Offsetof(f.vtIdx), "last": unsafe.Offsetof(f.last), "dispatched": unsafe.Offsetof(f.dispatched),
+	} {
+		if line(off) != 1 {
+			t.Errorf("%s at offset %d, not in the second cache line", name, off)
+		}
+	}
 }

@@ -70,12 +70,37 @@ type fentry[T any] struct {
 
 // flow is one flow of one band. The atomics are shared with producers and
 // Stats; the rest is owned by the tick goroutine.
+//
+// Layout: with thousands of flows every item finds its flow cold (evicted
+// since its last item), so the fields an item touches — the producer's
+// (id, hash, count) and the tick's — come first, together, then the
+// queue's first buffer, then what only corrections, pins and sweeps use.
 type flow[T any] struct {
-	id         string
-	hash       uint64        // the id's hash in the band's index (immutable once added)
-	count      atomic.Int64  // items accepted and not yet ended; deadFlow once forgotten
+	id    string
+	count atomic.Int64 // items accepted and not yet ended; deadFlow once forgotten
+
+	// tick state
+	fifo   fifo[qentry[T]] // the queue, fcfs ordering
+	reg    bool            // in band.all
+	edf    bool
+	inList bool // in band.rr (possibly emptied since: skipped when reached)
+
+	start      float64       // fair-share: virtual start tag of the head
+	finish     float64       // fair-share: virtual finish tag of the last item released
+	order      uint64        // fair-share tie-break: activation order
+	vtIdx      int32         // index in band.vt, -1 = not there
+	exIdx      int32         // index in band.ex, -1 = not there
+	last       int64         // the last time an item of the flow arrived or ended
 	dispatched atomic.Uint64 // single writer: the tick
-	charge     atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
+
+	// inl is the fifo's first buffer, inside the record: a flow of a band
+	// with many flows mostly holds one or two items, whose queue then
+	// costs no allocation and no cache line of its own. A longer backlog
+	// moves the queue to a buffer of its own, once.
+	inl [2]qentry[T]
+
+	heap   []qentry[T]   // the queue, edf ordering: a min-heap on (due, seq)
+	charge atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
 	// pins counts the Controller requests of the flow queued or in
 	// flight (WaitRequest until its done): a pinned flow is not
 	// forgotten, so the correction a long request reports at its done
@@ -87,19 +112,16 @@ type flow[T any] struct {
 	charged     atomic.Bool
 	nextCharged *flow[T]
 	fs          *flows[T]
+	_           [16]byte // to 256 bytes with a word-sized item (see the layout note)
+}
 
-	// tick state
-	reg    bool            // in band.all
-	fifo   fifo[qentry[T]] // the queue, fcfs ordering
-	heap   []qentry[T]     // the queue, edf ordering: a min-heap on (due, seq)
-	edf    bool
-	start  float64 // fair-share: virtual start tag of the head
-	finish float64 // fair-share: virtual finish tag of the last item released
-	order  uint64  // fair-share tie-break: activation order
-	vtIdx  int     // index in band.vt, -1 = not there
-	exIdx  int     // index in band.ex, -1 = not there
-	inList bool    // in band.rr (possibly emptied since: skipped when reached)
-	last   int64   // the last time an item of the flow arrived or ended
+// newFlow returns a new flow of fs, not yet counted nor indexed.
+func (fs *flows[T]) newFlow(id string) *flow[T] {
+	f := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
+	if !f.edf {
+		f.fifo.buf = f.inl[:]
+	}
+	return f
 }
 
 // addCharge adds delta to the flow's pending correction and, if the flow is
@@ -169,7 +191,7 @@ func (f *flow[T]) len() int {
 	if f.edf {
 		return len(f.heap)
 	}
-	return f.fifo.n
+	return int(f.fifo.n)
 }
 
 // head returns the flow's next item (it must not be empty).
@@ -239,19 +261,24 @@ func siftDown[T any](h []qentry[T], i int) {
 // does not allocate: the buffer keeps its largest size.
 type fifo[E any] struct {
 	buf   []E
-	start int
-	n     int
+	start uint32 // 32 bits suffice (queue.MaxCapacity) and keep flow's first line
+	n     uint32
 }
 
 func (q *fifo[E]) push(e E) {
-	if q.n == len(q.buf) {
+	mask := uint32(len(q.buf) - 1)
+	if q.n == uint32(len(q.buf)) {
 		buf := make([]E, max(4, 2*len(q.buf)))
-		for i := 0; i < q.n; i++ {
-			buf[i] = q.buf[(q.start+i)&(len(q.buf)-1)]
+		for i := range q.n {
+			buf[i] = q.buf[(q.start+i)&mask]
 		}
+		// The old buffer may be a flow's inl, which lives on: it must
+		// not keep the items alive.
+		clear(q.buf)
 		q.buf, q.start = buf, 0
+		mask = uint32(len(buf) - 1)
 	}
-	q.buf[(q.start+q.n)&(len(q.buf)-1)] = e
+	q.buf[(q.start+q.n)&mask] = e
 	q.n++
 }
 
@@ -262,7 +289,7 @@ func (q *fifo[E]) pop() (E, bool) {
 	}
 	e := q.buf[q.start]
 	q.buf[q.start] = zero
-	q.start = (q.start + 1) & (len(q.buf) - 1)
+	q.start = (q.start + 1) & uint32(len(q.buf)-1)
 	q.n--
 	return e, true
 }
@@ -278,12 +305,12 @@ type flowHeap[T any] struct {
 
 func (h *flowHeap[T]) less(a, b *flow[T]) bool { return a.head().due < b.head().due }
 
-func (h *flowHeap[T]) idx(f *flow[T]) *int { return &f.exIdx }
+func (h *flowHeap[T]) idx(f *flow[T]) *int32 { return &f.exIdx }
 
 func (h *flowHeap[T]) swap(i, j int) {
 	h.fs[i], h.fs[j] = h.fs[j], h.fs[i]
-	*h.idx(h.fs[i]) = i
-	*h.idx(h.fs[j]) = j
+	*h.idx(h.fs[i]) = int32(i)
+	*h.idx(h.fs[j]) = int32(j)
 }
 
 func (h *flowHeap[T]) up(i int) {
@@ -316,20 +343,20 @@ func (h *flowHeap[T]) down(i int) {
 }
 
 func (h *flowHeap[T]) push(f *flow[T]) {
-	*h.idx(f) = len(h.fs)
+	*h.idx(f) = int32(len(h.fs))
 	h.fs = append(h.fs, f)
 	h.up(len(h.fs) - 1)
 }
 
 // fix restores the order after f's key changed (f must be in the heap).
 func (h *flowHeap[T]) fix(f *flow[T]) {
-	i := *h.idx(f)
+	i := int(*h.idx(f))
 	h.up(i)
-	h.down(*h.idx(f))
+	h.down(int(*h.idx(f)))
 }
 
 func (h *flowHeap[T]) remove(f *flow[T]) {
-	i := *h.idx(f)
+	i := int(*h.idx(f))
 	if i < 0 {
 		return
 	}
@@ -342,7 +369,7 @@ func (h *flowHeap[T]) remove(f *flow[T]) {
 	*h.idx(f) = -1
 	if i < n {
 		h.up(i)
-		h.down(*h.idx(h.fs[i]))
+		h.down(int(*h.idx(h.fs[i])))
 	}
 }
 
@@ -408,9 +435,7 @@ func (fs *flows[T]) lookup(id string) *flow[T] {
 		if f == nil || f.id != id {
 			h := fs.ix.hash(id)
 			if f = fs.ix.get(id, h); f == nil {
-				f = fs.ix.getOrAdd(id, h, func() *flow[T] {
-					return &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
-				})
+				f = fs.ix.getOrAdd(id, h, func() *flow[T] { return fs.newFlow(id) })
 			}
 			fs.last.Store(f)
 		}

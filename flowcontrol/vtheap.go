@@ -41,7 +41,7 @@ func (h *vtHeap[T]) push(f *flow[T]) {
 
 // fix restores the order after f.start changed (f must be in the heap).
 func (h *vtHeap[T]) fix(f *flow[T]) {
-	i := f.vtIdx
+	i := int(f.vtIdx)
 	it := h.h[i]
 	it.start = f.start
 	h.place(i, it)
@@ -49,7 +49,7 @@ func (h *vtHeap[T]) fix(f *flow[T]) {
 
 // remove takes f out of the heap if it is there.
 func (h *vtHeap[T]) remove(f *flow[T]) {
-	i := f.vtIdx
+	i := int(f.vtIdx)
 	if i < 0 {
 		return
 	}
@@ -89,11 +89,11 @@ func (h *vtHeap[T]) up(i int, it vtItem[T]) {
 			break
 		}
 		h.h[i] = h.h[p]
-		h.h[i].f.vtIdx = i
+		h.h[i].f.vtIdx = int32(i)
 		i = p
 	}
 	h.h[i] = it
-	it.f.vtIdx = i
+	it.f.vtIdx = int32(i)
 }
 
 // down moves the hole at i towards the leaves until it fits, then fills it.
@@ -114,9 +114,9 @@ func (h *vtHeap[T]) down(i int, it vtItem[T]) {
 			break
 		}
 		h.h[i] = h.h[m]
-		h.h[i].f.vtIdx = i
+		h.h[i].f.vtIdx = int32(i)
 		i = m
 	}
 	h.h[i] = it
-	it.f.vtIdx = i
+	it.f.vtIdx = int32(i)
 }

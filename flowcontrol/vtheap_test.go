@@ -103,7 +103,7 @@ func TestVTHeapModel(t *testing.T) {
 				}
 				for i := range h.h {
 					it := &h.h[i]
-					if it.f.vtIdx != i || it.start != it.f.start || it.order != it.f.order {
+					if int(it.f.vtIdx) != i || it.start != it.f.start || it.order != it.f.order {
 						t.Fatalf("slot %d: vtIdx %d, key %v, flow key %v", i, it.f.vtIdx, vtKey{it.start, it.order}, key(it.f))
 					}
 					if i > 0 && it.less(&h.h[(i-1)/4]) {
