@@ -11,7 +11,7 @@ package flowcontrol
 // array (a comparison touches no flow; only a move writes the moved flow's
 // index), the heap is 4-ary (half the depth of a binary one, and a node's
 // four children share one or two cache lines), and sifts move a hole
-// instead of swapping. A flow's order never changes while it is in the
+// instead of swapping (down bottom-up: see there). A flow's order never changes while it is in the
 // heap; its start tag changes only through fix.
 type vtHeap[T any] struct {
 	h []vtItem[T]
@@ -96,9 +96,16 @@ func (h *vtHeap[T]) up(i int, it vtItem[T]) {
 	it.f.vtIdx = int32(i)
 }
 
-// down moves the hole at i towards the leaves until it fits, then fills it.
+// down fills the hole at i with it, which is not less than i's parent, by
+// Floyd's bottom-up method: the hole first goes all the way down, each
+// level's smallest child moving up into it (three comparisons a level, none
+// against it), then it rises from the leaf to its place. What is sifted
+// down is nearly always a former leaf (remove) or a flow whose start tag
+// just grew by a release (fix), which belong near the bottom, so the rise is
+// short and this saves a quarter of the comparisons of the classic sift.
 func (h *vtHeap[T]) down(i int, it vtItem[T]) {
 	n := len(h.h)
+	start := i
 	for {
 		c := 4*i + 1
 		if c >= n {
@@ -110,12 +117,18 @@ func (h *vtHeap[T]) down(i int, it vtItem[T]) {
 				m = k
 			}
 		}
-		if !h.h[m].less(&it) {
-			break
-		}
 		h.h[i] = h.h[m]
 		h.h[i].f.vtIdx = int32(i)
 		i = m
+	}
+	for i > start {
+		p := (i - 1) / 4
+		if !it.less(&h.h[p]) {
+			break
+		}
+		h.h[i] = h.h[p]
+		h.h[i].f.vtIdx = int32(i)
+		i = p
 	}
 	h.h[i] = it
 	it.f.vtIdx = int32(i)
