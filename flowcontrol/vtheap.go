@@ -11,7 +11,7 @@ package flowcontrol
 // array (a comparison touches no flow; only a move writes the moved flow's
 // index), the heap is 4-ary (half the depth of a binary one, and a node's
 // four children share one or two cache lines), and sifts move a hole
-// instead of swapping (down bottom-up: see there). A flow's order never changes while it is in the
+// instead of swapping (a removal's bottom-up: see downLeaf). A flow's order never changes while it is in the
 // heap; its start tag changes only through fix.
 type vtHeap[T any] struct {
 	h []vtItem[T]
@@ -42,9 +42,16 @@ func (h *vtHeap[T]) push(f *flow[T]) {
 // fix restores the order after f.start changed (f must be in the heap).
 func (h *vtHeap[T]) fix(f *flow[T]) {
 	i := int(f.vtIdx)
+	h.h[i].start = f.start
+	if len(h.h) == 1 {
+		return // alone (a one-flow band's every release): nothing to reorder
+	}
 	it := h.h[i]
-	it.start = f.start
-	h.place(i, it)
+	if i > 0 && it.less(&h.h[(i-1)/4]) {
+		h.up(i, it)
+	} else {
+		h.down(i, it)
+	}
 }
 
 // remove takes f out of the heap if it is there.
@@ -59,7 +66,11 @@ func (h *vtHeap[T]) remove(f *flow[T]) {
 	h.h[n] = vtItem[T]{}
 	h.h = h.h[:n]
 	if i < n {
-		h.place(i, last)
+		if i > 0 && last.less(&h.h[(i-1)/4]) {
+			h.up(i, last)
+		} else {
+			h.downLeaf(i, last)
+		}
 	}
 }
 
@@ -70,15 +81,6 @@ func (h *vtHeap[T]) clear() {
 	}
 	clear(h.h)
 	h.h = h.h[:0]
-}
-
-// place puts it into the hole at i, sifting it up or down.
-func (h *vtHeap[T]) place(i int, it vtItem[T]) {
-	if i > 0 && it.less(&h.h[(i-1)/4]) {
-		h.up(i, it)
-	} else {
-		h.down(i, it)
-	}
 }
 
 // up moves the hole at i towards the root until it fits, then fills it.
@@ -96,14 +98,39 @@ func (h *vtHeap[T]) up(i int, it vtItem[T]) {
 	it.f.vtIdx = int32(i)
 }
 
-// down fills the hole at i with it, which is not less than i's parent, by
-// Floyd's bottom-up method: the hole first goes all the way down, each
-// level's smallest child moving up into it (three comparisons a level, none
-// against it), then it rises from the leaf to its place. What is sifted
-// down is nearly always a former leaf (remove) or a flow whose start tag
-// just grew by a release (fix), which belong near the bottom, so the rise is
-// short and this saves a quarter of the comparisons of the classic sift.
+// down moves the hole at i towards the leaves until it fits, then fills it.
 func (h *vtHeap[T]) down(i int, it vtItem[T]) {
+	n := len(h.h)
+	for {
+		c := 4*i + 1
+		if c >= n {
+			break
+		}
+		m := c
+		for k := c + 1; k < min(c+4, n); k++ {
+			if h.h[k].less(&h.h[m]) {
+				m = k
+			}
+		}
+		if !h.h[m].less(&it) {
+			break
+		}
+		h.h[i] = h.h[m]
+		h.h[i].f.vtIdx = int32(i)
+		i = m
+	}
+	h.h[i] = it
+	it.f.vtIdx = int32(i)
+}
+
+// downLeaf is down for an it that was a leaf (remove's former last item),
+// by Floyd's bottom-up method: the hole first goes all the way down, each
+// level's smallest child moving up into it (three comparisons a level, none
+// against it), then it rises from the leaf to its place. A former leaf
+// belongs near the bottom, so the rise is short and this saves a quarter of
+// the comparisons of down. (fix uses down: a flow just served may well stay
+// near the top.) it must not be less than i's parent.
+func (h *vtHeap[T]) downLeaf(i int, it vtItem[T]) {
 	n := len(h.h)
 	start := i
 	for {
