@@ -266,19 +266,18 @@ type fifo[E any] struct {
 }
 
 func (q *fifo[E]) push(e E) {
-	mask := uint32(len(q.buf) - 1)
 	if q.n == uint32(len(q.buf)) {
+		// Full: double the buffer (at least 4). The items are
+		// buf[start:] then buf[:start]. Kept small so that push, on
+		// every item's path, inlines.
 		buf := make([]E, max(4, 2*len(q.buf)))
-		for i := range q.n {
-			buf[i] = q.buf[(q.start+i)&mask]
-		}
+		copy(buf[copy(buf, q.buf[q.start:]):], q.buf[:q.start])
 		// The old buffer may be a flow's inl, which lives on: it must
 		// not keep the items alive.
 		clear(q.buf)
 		q.buf, q.start = buf, 0
-		mask = uint32(len(buf) - 1)
 	}
-	q.buf[(q.start+q.n)&mask] = e
+	q.buf[(q.start+q.n)&uint32(len(q.buf)-1)] = e
 	q.n++
 }
 
