@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 //
 // Ownership. A band whose Fairness is not fcfs ("a flow band") keeps the
 // lock-free ring as its only ingress: producers resolve the item's flow
-// (a sync.Map load, alloc-free for a known flow), count it against the flow
+// (a flowIndex load, alloc-free for a known flow), count it against the flow
 // (one atomic add, which is what makes FlowCapacity exact) and push onto the
 // ring. Everything else — the per-flow queues, the round-robin list, the
 // fair-share and expiry heaps, the virtual time — belongs to the goroutine
@@ -23,7 +22,7 @@ import (
 // the start of every run (Step, Poll). So no lock is added to the ingress
 // and none to the tick. fcfs bands never touch any of this.
 //
-// Cost, per item: ingress one sync.Map load and one atomic add more than an
+// Cost, per item: ingress one flowIndex load and one atomic add more than an
 // fcfs band; the tick moves the item once more (ring → flow queue) and, for
 // fair-share or a band with deadlines, does O(log active flows) heap work.
 // Memory: one flow record per flow seen within FlowIdle, whose queue buffer
@@ -71,11 +70,37 @@ type fentry[T any] struct {
 
 // flow is one flow of one band. The atomics are shared with producers and
 // Stats; the rest is owned by the tick goroutine.
+//
+// Layout: with thousands of flows every item finds its flow cold (evicted
+// since its last item), so the fields an item touches — the producer's
+// (id, hash, count) and the tick's — come first, together, then the
+// queue's first buffer, then what only corrections, pins and sweeps use.
 type flow[T any] struct {
-	id         string
-	count      atomic.Int64  // items accepted and not yet ended; deadFlow once forgotten
+	id    string
+	count atomic.Int64 // items accepted and not yet ended; deadFlow once forgotten
+
+	// tick state
+	fifo   fifo[qentry[T]] // the queue, fcfs ordering
+	reg    bool            // in band.all
+	edf    bool
+	inList bool // in band.rr (possibly emptied since: skipped when reached)
+
+	start      float64       // fair-share: virtual start tag of the head
+	finish     float64       // fair-share: virtual finish tag of the last item released
+	order      uint64        // fair-share tie-break: activation order
+	vtIdx      int32         // index in band.vt, -1 = not there
+	exIdx      int32         // index in band.ex, -1 = not there
+	last       int64         // the last time an item of the flow arrived or ended
 	dispatched atomic.Uint64 // single writer: the tick
-	charge     atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
+
+	// inl is the fifo's first buffer, inside the record: a flow of a band
+	// with many flows mostly holds one or two items, whose queue then
+	// costs no allocation and no cache line of its own. A longer backlog
+	// moves the queue to a buffer of its own, once.
+	inl [2]qentry[T]
+
+	heap   []qentry[T]   // the queue, edf ordering: a min-heap on (due, seq)
+	charge atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
 	// pins counts the Controller requests of the flow queued or in
 	// flight (WaitRequest until its done): a pinned flow is not
 	// forgotten, so the correction a long request reports at its done
@@ -87,19 +112,16 @@ type flow[T any] struct {
 	charged     atomic.Bool
 	nextCharged *flow[T]
 	fs          *flows[T]
+	_           [16]byte // to 256 bytes with a word-sized item (see the layout note)
+}
 
-	// tick state
-	reg    bool            // in band.all
-	fifo   fifo[qentry[T]] // the queue, fcfs ordering
-	heap   []qentry[T]     // the queue, edf ordering: a min-heap on (due, seq)
-	edf    bool
-	start  float64 // fair-share: virtual start tag of the head
-	finish float64 // fair-share: virtual finish tag of the last item released
-	order  uint64  // fair-share tie-break: activation order
-	vtIdx  int     // index in band.vt, -1 = not there
-	exIdx  int     // index in band.ex, -1 = not there
-	inList bool    // in band.rr (possibly emptied since: skipped when reached)
-	last   int64   // the last time an item of the flow arrived or ended
+// newFlow returns a new flow of fs, not yet counted nor indexed.
+func (fs *flows[T]) newFlow(id string) *flow[T] {
+	f := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
+	if !f.edf {
+		f.fifo.buf = f.inl[:]
+	}
+	return f
 }
 
 // addCharge adds delta to the flow's pending correction and, if the flow is
@@ -169,7 +191,7 @@ func (f *flow[T]) len() int {
 	if f.edf {
 		return len(f.heap)
 	}
-	return f.fifo.n
+	return int(f.fifo.n)
 }
 
 // head returns the flow's next item (it must not be empty).
@@ -239,19 +261,23 @@ func siftDown[T any](h []qentry[T], i int) {
 // does not allocate: the buffer keeps its largest size.
 type fifo[E any] struct {
 	buf   []E
-	start int
-	n     int
+	start uint32 // 32 bits suffice (queue.MaxCapacity) and keep flow's first line
+	n     uint32
 }
 
 func (q *fifo[E]) push(e E) {
-	if q.n == len(q.buf) {
+	if q.n == uint32(len(q.buf)) {
+		// Full: double the buffer (at least 4). The items are
+		// buf[start:] then buf[:start]. Kept small so that push, on
+		// every item's path, inlines.
 		buf := make([]E, max(4, 2*len(q.buf)))
-		for i := 0; i < q.n; i++ {
-			buf[i] = q.buf[(q.start+i)&(len(q.buf)-1)]
-		}
+		copy(buf[copy(buf, q.buf[q.start:]):], q.buf[:q.start])
+		// The old buffer may be a flow's inl, which lives on: it must
+		// not keep the items alive.
+		clear(q.buf)
 		q.buf, q.start = buf, 0
 	}
-	q.buf[(q.start+q.n)&(len(q.buf)-1)] = e
+	q.buf[(q.start+q.n)&uint32(len(q.buf)-1)] = e
 	q.n++
 }
 
@@ -262,39 +288,28 @@ func (q *fifo[E]) pop() (E, bool) {
 	}
 	e := q.buf[q.start]
 	q.buf[q.start] = zero
-	q.start = (q.start + 1) & (len(q.buf) - 1)
+	q.start = (q.start + 1) & uint32(len(q.buf)-1)
 	q.n--
 	return e, true
 }
 
 func (q *fifo[E]) front() *E { return &q.buf[q.start] }
 
-// flowHeap is an indexed min-heap of flows: by virtual start tag (the
-// fair-share order) or, with exp, by the flow's earliest deadline (the
-// expiry order). Tick only.
+// flowHeap is the expiry order of a band's non-empty flows: an indexed
+// min-heap on each flow's earliest deadline (its head's), each flow knowing
+// its place (flow.exIdx). Tick only. (Fair-share's order is vtHeap.)
 type flowHeap[T any] struct {
-	fs  []*flow[T]
-	exp bool
+	fs []*flow[T]
 }
 
-func (h *flowHeap[T]) less(a, b *flow[T]) bool {
-	if h.exp {
-		return a.head().due < b.head().due
-	}
-	return a.start < b.start || a.start == b.start && a.order < b.order
-}
+func (h *flowHeap[T]) less(a, b *flow[T]) bool { return a.head().due < b.head().due }
 
-func (h *flowHeap[T]) idx(f *flow[T]) *int {
-	if h.exp {
-		return &f.exIdx
-	}
-	return &f.vtIdx
-}
+func (h *flowHeap[T]) idx(f *flow[T]) *int32 { return &f.exIdx }
 
 func (h *flowHeap[T]) swap(i, j int) {
 	h.fs[i], h.fs[j] = h.fs[j], h.fs[i]
-	*h.idx(h.fs[i]) = i
-	*h.idx(h.fs[j]) = j
+	*h.idx(h.fs[i]) = int32(i)
+	*h.idx(h.fs[j]) = int32(j)
 }
 
 func (h *flowHeap[T]) up(i int) {
@@ -327,20 +342,20 @@ func (h *flowHeap[T]) down(i int) {
 }
 
 func (h *flowHeap[T]) push(f *flow[T]) {
-	*h.idx(f) = len(h.fs)
+	*h.idx(f) = int32(len(h.fs))
 	h.fs = append(h.fs, f)
 	h.up(len(h.fs) - 1)
 }
 
 // fix restores the order after f's key changed (f must be in the heap).
 func (h *flowHeap[T]) fix(f *flow[T]) {
-	i := *h.idx(f)
+	i := int(*h.idx(f))
 	h.up(i)
-	h.down(*h.idx(f))
+	h.down(int(*h.idx(f)))
 }
 
 func (h *flowHeap[T]) remove(f *flow[T]) {
-	i := *h.idx(f)
+	i := int(*h.idx(f))
 	if i < 0 {
 		return
 	}
@@ -353,7 +368,7 @@ func (h *flowHeap[T]) remove(f *flow[T]) {
 	*h.idx(f) = -1
 	if i < n {
 		h.up(i)
-		h.down(*h.idx(h.fs[i]))
+		h.down(int(*h.idx(h.fs[i])))
 	}
 }
 
@@ -365,7 +380,7 @@ type flows[T any] struct {
 	flowCap int64 // 0 = none
 	idle    int64 // ns
 	ring    *queue.Ring[fentry[T]]
-	ids     sync.Map // string → *flow[T]
+	ix      flowIndex[T] // id → *flow[T]
 	// last is the flow the last lookup found: a band whose traffic is
 	// mostly one flow (DefaultFlow, from Enqueue and Wait) skips the map.
 	last     atomic.Pointer[flow[T]]
@@ -382,7 +397,7 @@ type flows[T any] struct {
 	scratch [64]fentry[T] // drain's buffer
 	all     []*flow[T]
 	rr      fifo[*flow[T]]
-	vt      flowHeap[T]
+	vt      vtHeap[T]
 	ex      flowHeap[T]
 	vtime   float64 // fair-share virtual time
 	// maxFinish is the largest finish tag given: at the end of a busy
@@ -407,7 +422,7 @@ func newFlows[T any](bc BandConfig) *flows[T] {
 		fs.fair = fairShare
 	}
 	fs.timed = bc.MaxWait > 0 || fs.edf
-	fs.ex.exp = true
+	fs.ix.init()
 	return fs
 }
 
@@ -417,19 +432,17 @@ func (fs *flows[T]) lookup(id string) *flow[T] {
 	for {
 		f := fs.last.Load()
 		if f == nil || f.id != id {
-			v, ok := fs.ids.Load(id)
-			if !ok {
-				nf := &flow[T]{id: id, edf: fs.edf, vtIdx: -1, exIdx: -1, fs: fs}
-				v, _ = fs.ids.LoadOrStore(id, nf)
+			h := fs.ix.hash(id)
+			if f = fs.ix.get(id, h); f == nil {
+				f = fs.ix.getOrAdd(id, h, func() *flow[T] { return fs.newFlow(id) })
 			}
-			f = v.(*flow[T])
 			fs.last.Store(f)
 		}
 		n := f.count.Add(1)
 		if n <= 0 {
 			// Forgotten by the tick between our load and our add:
 			// help remove it and look again.
-			fs.ids.CompareAndDelete(id, f)
+			fs.ix.remove(f)
 			fs.last.CompareAndSwap(f, nil)
 			continue
 		}
@@ -440,6 +453,10 @@ func (fs *flows[T]) lookup(id string) *flow[T] {
 		return f
 	}
 }
+
+// find returns id's flow, or nil if the band does not know it. Any
+// goroutine.
+func (fs *flows[T]) find(id string) *flow[T] { return fs.ix.get(id, fs.ix.hash(id)) }
 
 // EnqueueFlow is Enqueue for an item of flow id (a tenant; "" means
 // DefaultFlow) with a cost estimate (any unit, e.g. tokens; ≤ 0 or not
@@ -550,8 +567,8 @@ func (d *Dispatcher[T]) Charge(bandIdx int, id string, delta float64) {
 	if id == "" {
 		id = DefaultFlow
 	}
-	if v, ok := d.bands[bandIdx].flows.ids.Load(id); ok {
-		v.(*flow[T]).addCharge(delta)
+	if f := d.bands[bandIdx].flows.find(id); f != nil {
+		f.addCharge(delta)
 	}
 }
 
@@ -632,7 +649,7 @@ func (fs *flows[T]) took(f *flow[T], now int64) {
 // every idle flow's history is spent and a flow that comes back starts at
 // the virtual time whether or not it was forgotten meanwhile.
 func (fs *flows[T]) idleCheck() {
-	if fs.fair == fairShare && len(fs.vt.fs) == 0 {
+	if fs.fair == fairShare && fs.vt.len() == 0 {
 		fs.vtime = max(fs.vtime, fs.maxFinish)
 	}
 }
@@ -666,6 +683,18 @@ func (d *Dispatcher[T]) expireFlows(i int, b *band[T], now int64) {
 // without spending the budget or the flow's turn (or its virtual time).
 func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 	fs := b.flows
+	// A flow's Dispatched is counted in a run of releases of the same
+	// flow and stored once when the run ends (an atomic store is a full
+	// fence on most machines: one per item was a tenth of a one-flow
+	// band's release). The band's counter stays per item: an owner woken
+	// by Dispatch must find its release in Stats.
+	var run *flow[T]
+	var n uint64
+	defer func() {
+		if run != nil {
+			run.dispatched.Store(run.dispatched.Load() + n)
+		}
+	}()
 	for b.budget > 0 {
 		var f *flow[T]
 		if fs.fair == fairRR {
@@ -678,10 +707,10 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 			}
 			f = *fs.rr.front()
 		} else {
-			if len(fs.vt.fs) == 0 {
+			if fs.vt.len() == 0 {
 				return
 			}
-			f = fs.vt.fs[0]
+			f = fs.vt.top()
 		}
 		if e, ok := d.liveHead(i, b, f, now); ok {
 			b.budget--
@@ -701,7 +730,13 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 				fs.idleCheck()
 			}
 			bump(&b.dispatched)
-			f.dispatched.Store(f.dispatched.Load() + 1)
+			if f != run {
+				if run != nil {
+					run.dispatched.Store(run.dispatched.Load() + n)
+				}
+				run, n = f, 0
+			}
+			n++
 			if fs.fair == fairRR {
 				fs.turn(f)
 			}
@@ -823,7 +858,7 @@ func (fs *flows[T]) forget(now int64) {
 			k++
 			continue
 		}
-		fs.ids.CompareAndDelete(f.id, f)
+		fs.ix.remove(f)
 		fs.last.CompareAndSwap(f, nil)
 		last := len(fs.all) - 1
 		fs.all[k] = fs.all[last]
@@ -844,8 +879,7 @@ func (d *Dispatcher[T]) closeFlows(i int, b *band[T]) {
 		}
 		f.vtIdx, f.exIdx, f.inList = -1, -1, false
 	}
-	clear(fs.vt.fs)
-	fs.vt.fs = fs.vt.fs[:0]
+	fs.vt.clear()
 	clear(fs.ex.fs)
 	fs.ex.fs = fs.ex.fs[:0]
 	for {
@@ -870,7 +904,9 @@ type FlowStats struct {
 	// Queued is the flow's items accepted and not yet ended.
 	Queued int
 	// Dispatched counts the flow's items released since the flow was
-	// last created (a forgotten flow starts again from 0).
+	// last created (a forgotten flow starts again from 0). It is brought
+	// up to date as each run of the flow's releases in a tick ends, so
+	// from inside Dispatch it may not yet count the current run.
 	Dispatched uint64
 }
 
@@ -885,14 +921,10 @@ func (d *Dispatcher[T]) Flows(band int) []FlowStats {
 	}
 	fs := d.bands[band].flows
 	out := make([]FlowStats, 0, fs.known.Load())
-	fs.ids.Range(func(_, v any) bool {
-		f := v.(*flow[T])
-		n := f.count.Load()
-		if n < 0 {
-			return true // forgotten
+	fs.ix.each(func(f *flow[T]) {
+		if n := f.count.Load(); n >= 0 { // else forgotten
+			out = append(out, FlowStats{Flow: f.id, Queued: int(n), Dispatched: f.dispatched.Load()})
 		}
-		out = append(out, FlowStats{Flow: f.id, Queued: int(n), Dispatched: f.dispatched.Load()})
-		return true
 	})
 	return out
 }

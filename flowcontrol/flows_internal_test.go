@@ -39,8 +39,7 @@ func TestDoneServedCharges(t *testing.T) {
 		}
 	}
 	charge := func() float64 {
-		v, _ := c.d.bands[0].flows.ids.Load("a")
-		return math.Float64frombits(v.(*flow[*ticket]).charge.Load())
+		return math.Float64frombits(c.d.bands[0].flows.find("a").charge.Load())
 	}
 	r := &Request{Flow: "a", Cost: 10}
 	done := get(r)
@@ -54,8 +53,7 @@ func TestDoneServedCharges(t *testing.T) {
 	// (10 + 15) and, with Served left 0, finishes at its estimate.
 	r2 := &Request{Flow: "a", Cost: 10}
 	get(r2)()
-	v, _ := c.d.bands[0].flows.ids.Load("a")
-	if f := v.(*flow[*ticket]); charge() != 0 || f.finish != 35 {
+	if f := c.d.bands[0].flows.find("a"); charge() != 0 || f.finish != 35 {
 		t.Fatalf("charge %v, finish %v: want 0 and 35", charge(), f.finish)
 	}
 }
@@ -107,8 +105,7 @@ func TestPinnedWhileInFlight(t *testing.T) {
 	r.Served = 30
 	done()
 	c.Step() // applies the correction: finish 10 → max(V 10, 10) + 20
-	v, _ := c.d.bands[0].flows.ids.Load("long")
-	if f := v.(*flow[*ticket]); f.finish != 30 {
+	if f := c.d.bands[0].flows.find("long"); f.finish != 30 {
 		t.Fatalf("finish %v after the correction, want 30", f.finish)
 	}
 	// Ahead of the virtual time by its correction, the flow is kept
