@@ -34,10 +34,12 @@ import (
 //     plain allocates one per response, as a bare ReverseProxy does.
 //     plain-pool is plain with the same pool, to tell the two apart.
 //   - Request body: flowgate buffers it (flow control reads it: byte budgets,
-//     body priority, the minimum body rate) and forwards it from memory, so
-//     net/http writes the backend request's headers and body in one write;
-//     plain streams it, and net/http flushes the headers first (one write
-//     more per request). That is a consequence of buffering, not a setting.
+//     body priority, the minimum body rate) and forwards it from memory,
+//     which net/http sends in the same write as the headers; plain streams
+//     it, and net/http flushes the headers first (for httputil's wrapper of
+//     the inbound body, as for any reader not known to be in memory): one
+//     write syscall more per request. That follows from buffering, which a
+//     bare streaming proxy does not do.
 func BenchmarkProxyOverhead(b *testing.B) {
 	const answer = `{"id":"x","object":"text_completion","choices":[{"index":0,"text":" hello","finish_reason":"stop"}]}`
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
