@@ -241,3 +241,55 @@ func TestRunSleepsWhenIdle(t *testing.T) {
 		}
 	})
 }
+
+// TestRunStaysAwakeUnderDirectTraffic: releases on the Controller's fast
+// path (an open band with nothing queued, which never enqueues) keep Run
+// ticking, so that the next request can take the fast path too, instead of
+// Run sleeping after every empty tick and sending the next arrival through
+// the queue and a hand-off to its goroutine. Once the traffic stops, Run
+// sleeps again within two ticks. time.Sleep here is synctest's fake clock.
+func TestRunStaysAwakeUnderDirectTraffic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sat := &idleSat{}
+		c, err := NewController(ControllerConfig{Config: Config{Bands: []BandConfig{{Capacity: 4}}, Source: sat}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := c.Start(ctx)
+		defer func() { // also on a failure: no goroutine left in the bubble
+			cancel()
+			if err := <-ran; err != context.Canceled {
+				t.Errorf("Run: %v", err)
+			}
+		}()
+		synctest.Wait()
+		const n = 200 // 300 µs apart: 60 ticks of traffic
+		for i := range n {
+			if !c.d.awake.Load() {
+				t.Fatalf("request %d at %v: Run is asleep under traffic (the request would be queued)", i, time.Duration(i)*300*time.Microsecond)
+			}
+			done, err := c.Wait(ctx, 0)
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			done()
+			time.Sleep(300 * time.Microsecond)
+			synctest.Wait()
+		}
+		if got := c.Stats().Bands[0].Dispatched; got != n {
+			t.Fatalf("dispatched %d, want %d", got, n)
+		}
+		time.Sleep(2 * time.Millisecond) // two ticks without traffic
+		synctest.Wait()
+		if c.d.awake.Load() {
+			t.Fatal("Run still ticking two ticks after the traffic stopped")
+		}
+		reads := sat.reads.Load()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if r := sat.reads.Load(); r != reads {
+			t.Fatalf("idle for 1 s after the traffic: %d more ticks ran, want 0", r-reads)
+		}
+	})
+}

@@ -161,8 +161,11 @@ type Proxy struct {
 	reg      *prometheus.Registry
 	shared   *redisshare.InFlight   // nil unless Config.Shared is enabled
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
-	rr       atomic.Uint64          // tie-breaker for backend choice
-	onFinish func(band, code int, reason string)
+	// okAnswers caches answers' child for a forwarded 200, per band (see
+	// answer).
+	okAnswers []atomic.Pointer[prometheus.Counter]
+	rr        atomic.Uint64 // tie-breaker for backend choice
+	onFinish  func(band, code int, reason string)
 
 	mu          sync.Mutex
 	closeShared sync.Once
@@ -235,6 +238,7 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(b.base)
 				pr.Out.Host = b.base.Host
+				forwardBuffered(pr)
 			},
 			Transport: transport,
 			// FlushInterval 0: httputil flushes text/event-stream
@@ -245,6 +249,10 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 			ModifyResponse: stripOwnHeaders,
 			ErrorHandler:   p.backendError,
 			ErrorLog:       log.New(io.Discard, "", 0),
+			// Without a pool httputil allocates a 32 KiB copy buffer
+			// per response, which is most of a small request's
+			// garbage.
+			BufferPool: copyBuffers,
 		}
 		if p.shared != nil {
 			// Its base URL: the same name on every replica given the
@@ -318,6 +326,7 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		Name: "flowgate_proxy_responses_total",
 		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
 	}, []string{"band", "code", "reason"})
+	p.okAnswers = make([]atomic.Pointer[prometheus.Counter], len(cfg.Bands))
 	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
 	if p.shared != nil {
 		p.reg.MustRegister(p.shared.Collector())
@@ -575,13 +584,30 @@ func (p *Proxy) finished(r *http.Request, res flowhttp.Result) {
 	if code == flowhttp.StatusClientClosed {
 		code = 0
 	}
-	p.answers.WithLabelValues(p.cfg.Bands[res.Band].Name, strconv.Itoa(code), reason).Inc()
+	p.answer(res.Band, code, reason).Inc()
 	if p.llmd != nil {
 		p.llmd.observe(res)
 	}
 	if p.onFinish != nil {
 		p.onFinish(res.Band, code, reason)
 	}
+}
+
+// answer returns the answers counter of a band, status and reason. The
+// common one, a forwarded 200, is looked up once per band and kept:
+// WithLabelValues hashes the three labels and takes the vector's lock on
+// every call. It is kept only once used, so that a band that never answered
+// has no series (as with WithLabelValues).
+func (p *Proxy) answer(band, code int, reason string) prometheus.Counter {
+	if code != http.StatusOK || reason != ReasonForwarded {
+		return p.answers.WithLabelValues(p.cfg.Bands[band].Name, strconv.Itoa(code), reason)
+	}
+	if c := p.okAnswers[band].Load(); c != nil {
+		return *c
+	}
+	c := p.answers.WithLabelValues(p.cfg.Bands[band].Name, "200", ReasonForwarded)
+	p.okAnswers[band].Store(&c) // a race stores the same child twice
+	return c
 }
 
 // ReasonAborted is flowhttp's reason for a handler that panicked.
@@ -659,13 +685,59 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// forwardBuffered gives the outbound request a fresh reader of the body
+// flowhttp (or stripPriority) buffered, in place of httputil's wrapper of the
+// inbound body. net/http sends an in-memory body in the same write as the
+// headers, but it flushes the headers first for any other reader, and
+// httputil's wrapper is one: a write syscall more per request, several per
+// cent of a small request's CPU. The wrapper guards against the transport
+// closing an inbound body still being received (100-continue), which a
+// buffered body no longer is. A request without GetBody (ungated, or
+// bodiless) keeps the wrapper.
+func forwardBuffered(pr *httputil.ProxyRequest) {
+	if pr.Out.Body == nil || pr.In.GetBody == nil {
+		return
+	}
+	if body, err := pr.In.GetBody(); err == nil {
+		pr.Out.Body = body
+	}
+}
+
+// The canonical forms of the headers stripOwnHeaders removes: Header.Del
+// canonicalises its argument on every call, an allocation per response for
+// these lower-case names.
+var (
+	bandKey   = http.CanonicalHeaderKey(BandHeader)
+	reasonKey = http.CanonicalHeaderKey(ReasonHeader)
+)
+
 // stripOwnHeaders removes a backend's copies of the headers the proxy sets,
 // so that a backend's own 429 (another flowgate behind this one, say) is not
 // mistaken for the proxy's.
 func stripOwnHeaders(resp *http.Response) error {
-	resp.Header.Del(BandHeader)
-	resp.Header.Del(ReasonHeader)
+	delete(resp.Header, bandKey)
+	delete(resp.Header, reasonKey)
 	return nil
+}
+
+// copyBufferSize is httputil.ReverseProxy's own copy buffer size.
+const copyBufferSize = 32 << 10
+
+// bufferPool is an httputil.BufferPool over a sync.Pool of arrays (a pool of
+// slices would allocate a slice header on every Put).
+type bufferPool struct{ pool sync.Pool }
+
+// copyBuffers is the copy buffers every backend's reverse proxy shares.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { return new([copyBufferSize]byte) }}}
+
+// Get returns a copyBufferSize buffer.
+func (b *bufferPool) Get() []byte { return b.pool.Get().(*[copyBufferSize]byte)[:] }
+
+// Put takes back a buffer Get returned; anything else is dropped.
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufferSize && cap(buf) == copyBufferSize {
+		b.pool.Put((*[copyBufferSize]byte)(buf))
+	}
 }
 
 // pick returns the backend with the fewest requests in flight (every
