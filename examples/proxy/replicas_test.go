@@ -522,11 +522,13 @@ saturationDetector:
 	ownOf1, _ := scrape(client, addrs[1], "flowgate_backend_inflight")
 	t.Logf("kill -9 of replica 2 (%v requests in flight at replica 0's view of the others before): gone from both survivors' view after %v (TTL 1s); then replica 0 counts %v for the others, replica 1 %v of its own",
 		others, left.Round(time.Millisecond), othersAfter, ownOf1)
-	// Within the TTL (plus the polling), unless the machine was too busy
-	// to run even the fake backends at speed meanwhile: under two -race
-	// suites at once on 2 cores it took 1.7–2 s, once over 3 s.
+	// Within the TTL (plus the sync period, the survivors' scrape and this
+	// test's polling: 1.55 s once on a loaded machine whose backends kept
+	// time), unless the machine was too busy to run even the fake backends
+	// at speed meanwhile: under two -race suites at once on 2 cores it took
+	// 1.7–2 s, once over 3 s. A TTL twice too long would still fail it.
 	if starved < 50*time.Millisecond {
-		require.LessOrEqual(t, left, time.Second+500*time.Millisecond)
+		require.LessOrEqual(t, left, time.Second+750*time.Millisecond)
 	} else {
 		t.Logf("the backends fell %v behind real time meanwhile: machine too busy to judge the TTL bound (left after %v)", starved, left)
 	}
