@@ -43,10 +43,19 @@ func newCustom(t *testing.T, metrics string, h http.HandlerFunc) *custom {
 
 // gatedNow waits until the controller's gates have read a saturated pool:
 // the poller reads it first, and an idle dispatcher sleeps, so a pass
-// through band 0 (never gated) wakes it for a tick.
+// through band 0 (never gated) wakes it for a tick. The poller must have
+// scraped the saturated metrics from every pod: a pod not yet scraped also
+// scores 1, and a first scrape still in flight would then land an idle
+// reading after this returned (a sheddable request was released so, 1 run in
+// 30 of TestOpenAISDKDecodesProxyRefusals).
 func gatedNow(t *testing.T, p *gateway.Proxy) {
 	t.Helper()
 	eventually(t, "the gates read the pool saturated", func() bool {
+		for _, r := range p.Poller().Readings() {
+			if !r.Usable || r.Score < 1 {
+				return false
+			}
+		}
 		if p.Poller().Saturation() < 1 {
 			return false
 		}
