@@ -152,8 +152,7 @@ type Options struct {
 	// is band 0.
 	DefaultBand int
 	// Gated reports whether a request goes through flow control; the
-	// others go straight to the wrapped handler. Nil: every method except
-	// GET, HEAD and OPTIONS.
+	// others go straight to the wrapped handler. Nil: DefaultGated.
 	Gated func(r *http.Request) bool
 	// MaxBodyBytes caps a gated request's body (413 over it). 0:
 	// DefaultMaxBodyBytes; negative: no cap.
@@ -234,7 +233,7 @@ func Handler(c *flowcontrol.Controller, next http.Handler, opts Options) http.Ha
 		panic(fmt.Sprintf("flowhttp: Options.DefaultBand = %d: not a band of %d", opts.DefaultBand, n))
 	}
 	if h.gated == nil {
-		h.gated = defaultGated
+		h.gated = DefaultGated
 	}
 	if h.maxBody == 0 {
 		h.maxBody = DefaultMaxBodyBytes
@@ -248,7 +247,10 @@ func Handler(c *flowcontrol.Controller, next http.Handler, opts Options) http.Ha
 	return h
 }
 
-func defaultGated(r *http.Request) bool {
+// DefaultGated is Options.Gated's default: every method except GET, HEAD and
+// OPTIONS, on any path. A wrapped handler that must know whether the request
+// it serves holds a release (to count it, say) can call it too.
+func DefaultGated(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return false

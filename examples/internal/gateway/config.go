@@ -857,7 +857,6 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 		defaultWait = v
 	}
 	tmplReqs, tmplBytes := int64(0), int64(0)
-	var tmpl fileBand
 	var tmplQueue Band // the template's fairness, ordering and flow capacity
 	hasTmplReqs, hasTmplBytes := false, false
 	defaultBandName := ""
@@ -871,6 +870,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			"fairness", "ordering", "flowCapacity"); err != nil {
 			return Config{}, err
 		}
+		var tmpl fileBand
 		if err := decodeNode(root, n, &tmpl); err != nil {
 			return Config{}, err
 		}

@@ -338,7 +338,6 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	p.gate = flowhttp.Handler(ctrl, http.HandlerFunc(p.forward), flowhttp.Options{
 		Objectives:   cfg.Objectives,
 		DefaultBand:  cfg.DefaultBand,
-		Gated:        gatedMethod,
 		MaxBodyBytes: opts.MaxBodyBytes,
 		BodyGrace:    opts.BodyGrace,
 		MinBodyRate:  opts.MinBodyRate,
@@ -613,17 +612,6 @@ func (p *Proxy) answer(band, code int, reason string) prometheus.Counter {
 // ReasonAborted is flowhttp's reason for a handler that panicked.
 const ReasonAborted = flowhttp.ReasonAborted
 
-// gatedMethod is which requests flowhttp gates (every method but GET, HEAD
-// and OPTIONS, on any path: its default, spelt out because forward needs to
-// know whether the request it forwards holds a release).
-func gatedMethod(r *http.Request) bool {
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions:
-		return false
-	}
-	return true
-}
-
 // forward sends a request (gated and released, or ungated) to the
 // least-loaded backend.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
@@ -644,7 +632,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	if p.poller.Dispatched(b.metrics) {
 		defer p.poller.Finished(b.metrics)
 	}
-	if p.credit != nil && gatedMethod(r) {
+	if p.credit != nil && flowhttp.DefaultGated(r) { // flowhttp's Options.Gated: it held a release
 		// Counted by the poller from here on: no longer the gap between
 		// release and forwarding that releasedCredit charges.
 		p.credit.forwarded.Add(1)
