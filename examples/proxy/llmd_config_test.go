@@ -67,7 +67,7 @@ func TestParseConfigLLMDErrors(t *testing.T) {
 		{"scrape interval 1ns", "saturationDetector:\n  scrapeInterval: 1ns\n", "saturationDetector.scrapeInterval (line 2): must be in"},
 		{"staleness 87600h", "saturationDetector:\n  metricsStalenessThreshold: 87600h\n", "saturationDetector.metricsStalenessThreshold (line 2): must be in"},
 		{"engine", "saturationDetector:\n  engine: llama\n", `must be vllm or sglang, got "llama"`},
-		{"body priority", "flowControl:\n  bodyPriority: map\n", `must be keep, strip or ignore, got "map"`},
+		{"body priority", "flowControl:\n  bodyPriority: map\n", `must be keep, strip, ignore or set, got "map"`},
 		{"detector ref", "flowControl:\n  saturationDetector: {pluginRef: concurrency-detector}\n", "not a declared utilization-detector plugin"},
 		{"detector param", "plugins:\n  - type: utilization-detector\n    parameters: {queueDepth: 5}\n", "plugins[0].parameters.queueDepth (line 3): unknown field"},
 		{"template field", "flowControl:\n  defaultPriorityBand: {maxRequest: 5}\n", "flowControl.defaultPriorityBand.maxRequest (line 2): unknown field"},

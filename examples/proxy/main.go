@@ -63,8 +63,8 @@ func main() {
 	if len(urls) == 0 {
 		fatal(errors.New("proxy: -backends is required"))
 	}
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls,
-		BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate, BackendResponseHeaderTimeout: sf.backendRespHeader, LLMDMetrics: *llmdMetrics})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate,
+		BodyIdleTimeout: sf.bodyIdle, MaxBodyMemory: sf.maxBodyMemory, BackendResponseHeaderTimeout: sf.backendRespHeader, LLMDMetrics: *llmdMetrics})
 	if err != nil {
 		fatal(err)
 	}
@@ -72,31 +72,24 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	lim := newConnLimiter(ln, sf.maxConns, sf.reservedConns)
-	srv := newServer(reserveForCritical(p.Critical, p), &sf)
-	srv.ConnState = lim.connState
-	p.Start()
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lim) }()
 	if s := cfg.Shared; s.Enabled() {
 		log.Printf("proxy: sharing in-flight counts through redis %s as replica %q (period %v, ttl %v)", s.Address, s.ReplicaID, s.Period, s.TTL)
 	}
 	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands, at most %d client connections, %d kept free)",
 		ln.Addr(), urls, cfg.Policy.Type, len(cfg.Bands), sf.maxConns, sf.reservedConns)
-	select {
-	case err := <-served:
-		p.Close()
-		fatal(err)
-	case <-ctx.Done():
-	}
-	// Graceful shutdown: stop accepting and answer what is queued with 503
-	// at once, then wait for what is in flight, at most -drain-timeout.
-	log.Printf("proxy: shutting down (at most %v)", sf.drainTimeout)
-	p.Drain()
-	if err := drain(srv, sf.drainTimeout); err != nil {
+	// Graceful shutdown on SIGTERM: stop accepting and answer what is queued
+	// with 503 at once, then wait for what is in flight, at most
+	// -drain-timeout (flowhttp's Gateway.Serve).
+	go func() {
+		<-ctx.Done()
+		log.Printf("proxy: shutting down (at most %v)", sf.drainTimeout)
+	}()
+	if err := p.Serve(ctx, ln, sf.config()); err != nil {
+		if ctx.Err() == nil {
+			fatal(err)
+		}
 		log.Printf("proxy: shutdown: %v", err)
 	}
-	p.Close()
 	log.Printf("proxy: stopped")
 }
 

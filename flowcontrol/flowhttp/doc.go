@@ -1,32 +1,65 @@
-// Package flowhttp is the net/http gate in front of an inference server: it
-// puts each gated request in a flowcontrol.Controller band and calls the
-// wrapped handler only when the controller releases it.
+// Package flowhttp is the net/http side of flowgate: the gate that puts each
+// gated request in a flowcontrol.Controller band and calls the wrapped
+// handler only when the controller releases it, and Gateway, which wires
+// that gate to a saturation.Poller of the model servers, the in-flight
+// credit and the metrics, so that a Go proxy gets the protection the
+// example proxy measured by writing only its routing:
 //
-//	h := flowhttp.Handler(ctrl, proxy, flowhttp.Options{})
-//	http.ListenAndServe(":8000", h)
+//	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: backends})
+//	...
+//	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//		b := pick(r)                      // the host's routing
+//		defer gw.Forward(w, b.URL)()      // counted on b from now on
+//		b.Proxy.ServeHTTP(w, r)
+//	})
+//	err = gw.ListenAndServe(ctx, ":8000", next, flowhttp.ServerConfig{})
+//
+// # Where unlabelled requests go
+//
+// A request says how urgent it is with llm-d's objective header,
+// x-llm-d-inference-objective (or the legacy x-gateway-inference-objective):
+// "critical" is band 0, which the soft-reflective ceiling never gates, and
+// "sheddable" the last band. A request that names no objective goes to
+// Options.DefaultObjective's band, and by default that is the last, most
+// sheddable band: a client cannot skip the queue by leaving the header out.
+// Set DefaultObjective to "critical" only when every client that can reach
+// the gateway is trusted to label its background work.
 //
 // # The model
 //
 // A request is gated (by default: every method but GET, HEAD and OPTIONS, on
 // any path; Options.Gated changes it). A gated request's body is read first
 // (at most Options.MaxBodyBytes, at no less than Options.MinBodyRate after a
-// grace period), so a request waits with its whole body in memory and the
-// wrapped handler never waits on a slow client while it holds a slot. Its
-// band is then found, in this order:
+// grace period, with no pause longer than Options.BodyIdleTimeout), so a
+// request waits with its whole body in memory and the wrapped handler never
+// waits on a slow client while it holds a slot. Its band is then found, in
+// this order:
 //
-//  1. the objective header, x-llm-d-inference-objective (or the legacy
-//     x-gateway-inference-objective), looked up case-insensitively in
+//  1. the objective header, looked up case-insensitively in
 //     Options.Objectives (default: "critical" → band 0, "sheddable" → the
 //     last band, and every band's name → that band);
 //  2. Options.Classify, if set, for anything else;
-//  3. Options.DefaultBand.
+//  3. the body's top-level integer "priority" (vLLM's request field;
+//     BodyPriority), in Options.Priority's convention: vLLM's is lower
+//     first, so priority p is band clamp(p, 0, bands−1); unless
+//     Options.IgnoreBodyPriority;
+//  4. Options.DefaultObjective (default: the last band).
 //
-// The body's bytes count against the band's byte budget
-// (flowcontrol.BandConfig.MaxBytes) while it waits. The request then waits in Controller.Wait; once released,
-// the wrapped handler runs with the buffered body, and the controller's done
-// is called when the handler returns — the response fully written, streamed
-// or not — or the client left, or the handler panicked (the panic goes on
-// after done, so http.ErrAbortHandler keeps its meaning).
+// Memory is bounded by construction. Every body being read or waiting holds
+// its buffer in one budget, Options.MaxBodyMemory (64 MiB by default),
+// charged before the buffer is allocated: a body that does not fit is
+// refused 429 body-memory-full before more of it is read. A quarter of it
+// (Options.CriticalReserve) is kept for requests whose headers place them in
+// band 0, so sheddable uploads cannot take the memory a critical request
+// needs. While it waits, a body also counts against its band's byte budget
+// (flowcontrol.BandConfig.MaxBytes). The request then waits in
+// Controller.Wait; once released, the wrapped handler runs with the buffered
+// body (its "priority" rewritten first if Options.ForwardPriority says so, so
+// that a model server running priority scheduling orders and preempts by the
+// gateway's band), and the controller's done is called when the handler
+// returns — the response fully written, streamed or not — or the client
+// left, or the handler panicked (the panic goes on after done, so
+// http.ErrAbortHandler keeps its meaning).
 //
 // # Refusals
 //
@@ -41,11 +74,13 @@
 //	reason            status  retry
 //	queue-full        429     Retry-After: 1 (the queue drains)
 //	queue-bytes-full  429     Retry-After: 1
+//	body-memory-full  429     Retry-After: 1, connection closed (the body was not read)
 //	expired           503     x-should-retry: false: it already waited the band's MaxWait
 //	shutting-down     503     Retry-After: 1 (another replica may take it)
 //	not-running       503     Retry-After: 1 (the controller was not started)
 //	body-too-large    413     x-should-retry: false
 //	body-timeout      408     x-should-retry: false, connection closed
+//	overloaded        503     Retry-After: 1, connection closed (Gateway.Serve's reserved connections)
 //	bad-body          400     x-should-retry: false
 //
 // Capacity refusals are 429 and "the pool cannot serve it now" is 503, as in
@@ -68,9 +103,11 @@
 // goroutine. A saturation source that counts requests when they are
 // forwarded (saturation.Poller's in-flight credit, through Dispatched) does
 // not see a backlog the dispatcher is draining, so an open band can release
-// all of it before the saturation moves. Charge the gap in the source the
-// Controller reads: Controller.InFlight counts a release before its waiter
-// wakes, so InFlight minus the requests the handler has forwarded is what
-// the poller has not counted yet; examples/internal/gateway's releasedCredit
-// does this, with Pacing.Recheck, in the example proxy.
+// all of it before the saturation moves. Gateway charges the gap: its
+// controller reads the poller's saturation plus one waiting request per
+// release the host has not yet Forwarded (Controller.InFlight counts a
+// release before its waiter wakes), and re-reads it after every release
+// from a backlog (flowcontrol.Pacing.Recheck). A host that builds its own
+// controller and Handler gets none of this; GatewayConfig.NoCredit turns it
+// off for comparison.
 package flowhttp

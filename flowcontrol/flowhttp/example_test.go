@@ -61,7 +61,7 @@ func ExampleHandler_reverseProxy() {
 	defer ctrl.Close()
 	target, _ := url.Parse(model.URL)
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }}
-	gate := flowhttp.Handler(ctrl, rp, flowhttp.Options{DefaultBand: -1})
+	gate := flowhttp.Handler(ctrl, rp, flowhttp.Options{})
 	srv := httptest.NewServer(gate)
 	defer srv.Close()
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +51,7 @@ const (
 	ReasonShed         = "shed"             // 429: the admission stage shed it (ControllerConfig.Admitter); not retried
 	ReasonFlowFull     = "flow-full"        // 429: the request's flow (fairness id) holds the band's FlowCapacity
 	ReasonBytesFull    = "queue-bytes-full" // 429: the band's byte budget is spent
+	ReasonMemoryFull   = "body-memory-full" // 429: Options.MaxBodyMemory is spent (bodies being read and waiting)
 	ReasonExpired      = "expired"          // 503: waited the band's MaxWait
 	ReasonShuttingDown = "shutting-down"    // 503: the controller is closed
 	ReasonNotRunning   = "not-running"      // 503: the controller is not running (not started, or stopped)
@@ -82,6 +82,10 @@ var (
 	ErrClientGone = errors.New("flowhttp: client left while sending the body")
 	// ErrBadBody: reading the body failed.
 	ErrBadBody = errors.New("flowhttp: request body unreadable")
+	// ErrMemoryFull: the body does not fit in what is left of
+	// Options.MaxBodyMemory (for a request outside band 0, of what the
+	// critical reserve leaves).
+	ErrMemoryFull = errors.New("flowhttp: body memory budget full")
 )
 
 // Defaults of Options' zero fields.
@@ -89,6 +93,16 @@ const (
 	DefaultMaxBodyBytes = 8 << 20         // 8 MiB
 	DefaultBodyGrace    = 5 * time.Second // before MinBodyRate applies
 	DefaultMinBodyRate  = 1 << 10         // 1 KiB/s
+	// DefaultMaxBodyMemory bounds every gated body being read or waiting,
+	// together. 64 MiB keeps a gateway's resident memory growth under
+	// 200 MiB whatever its clients send (a buffer that grows is live
+	// beside its copy for a moment, and the collector lets the heap reach
+	// about twice what is live), and holds some 6,000 waiting requests of
+	// 10 KiB.
+	DefaultMaxBodyMemory = 64 << 20
+	// DefaultBodyIdleTimeout: a body of which nothing arrives for 10 s is
+	// cut, longer than any pause of a healthy client's connection.
+	DefaultBodyIdleTimeout = 10 * time.Second
 )
 
 // Result is what Options.OnFinish learns about a gated request.
@@ -133,7 +147,10 @@ func flowOf(r *http.Request, start time.Time) (string, time.Time) {
 	return id, deadline
 }
 
-// Options configures Handler. The zero value is usable. The bands' names
+// Options configures Handler and Gateway's gate. The zero value protects:
+// a request that names no objective is gated as the most sheddable band's,
+// bodies are bounded in size, pace and total memory, and the critical band
+// keeps a share of that memory no other request can take. The bands' names
 // and byte budgets come from the controller (flowcontrol.BandConfig's Name
 // and MaxBytes): the bodies of a band's waiting requests together may not
 // exceed its MaxBytes (over it: 429 queue-bytes-full).
@@ -142,21 +159,50 @@ type Options struct {
 	// bands. Nil: "critical" → 0, "sheddable" → the last band, and every
 	// band's name → itself. A map given replaces the default entirely.
 	Objectives map[string]int
+	// DefaultObjective places a request nothing else places (no known
+	// objective header, no body priority, no Classify answer): an
+	// Objectives key or a band name. Empty means the last, most
+	// sheddable band, so a client cannot jump the queue by leaving the
+	// header out; set "critical" (or band 0's name) to trust unlabelled
+	// traffic instead.
+	DefaultObjective string
 	// Classify, if set, places requests the objective header does not
-	// (missing or unknown value); ok false or a band out of range falls
-	// through to DefaultBand. body is the buffered request body; do not
-	// keep it or change it.
+	// (missing or unknown value), before the body's priority is
+	// consulted; ok false or a band out of range falls through. body is
+	// the buffered request body; do not keep it or change it.
 	Classify func(r *http.Request, body []byte) (band int, ok bool)
-	// DefaultBand is the band of everything else. Negative values count
-	// from the end (-1 is the last, most sheddable band); the zero value
-	// is band 0.
-	DefaultBand int
+	// IgnoreBodyPriority stops flowhttp from placing a request by the
+	// "priority" field of its JSON body (see Priority).
+	IgnoreBodyPriority bool
+	// Priority is the model server's priority convention: how the body's
+	// "priority" is read, and written when ForwardPriority is
+	// PrioritySet. The zero value is vLLM's.
+	Priority Convention
+	// ForwardPriority says what happens to the body's "priority" field on
+	// its way to the wrapped handler: kept as the client sent it (the
+	// zero value), written with the request's band in the Priority
+	// convention (PrioritySet: the model server then schedules and
+	// preempts by the same band as the gateway), or removed
+	// (PriorityStrip: vLLM refuses a non-zero priority unless it runs
+	// with --scheduling-policy priority).
+	ForwardPriority PriorityMode
 	// Gated reports whether a request goes through flow control; the
 	// others go straight to the wrapped handler. Nil: DefaultGated.
 	Gated func(r *http.Request) bool
 	// MaxBodyBytes caps a gated request's body (413 over it). 0:
 	// DefaultMaxBodyBytes; negative: no cap.
 	MaxBodyBytes int64
+	// MaxBodyMemory bounds the bytes held for gated request bodies, being
+	// read or waiting in any band, all together: a body that would take
+	// it past the bound is refused (429 body-memory-full) before more of
+	// it is read. 0: DefaultMaxBodyMemory; negative: no bound.
+	MaxBodyMemory int64
+	// CriticalReserve is the part of MaxBodyMemory that only requests
+	// whose headers place them in band 0 (objective header, or
+	// DefaultObjective for unlabelled ones) may use, so uploads to the
+	// other bands cannot take the memory critical requests need. 0:
+	// MaxBodyMemory/4; negative: none.
+	CriticalReserve int64
 	// BodyGrace and MinBodyRate (bytes per second) cut a body that
 	// arrives slower than MinBodyRate once BodyGrace has passed, with a
 	// 408: reading byte n must finish by arrival + BodyGrace +
@@ -165,6 +211,12 @@ type Options struct {
 	// http.ResponseController.SetReadDeadline (net/http's does).
 	BodyGrace   time.Duration
 	MinBodyRate int64
+	// BodyIdleTimeout cuts, with a 408, a body of which no byte arrived
+	// for this long, however fast it came before (the rate rule alone
+	// would let a client that sent 8 MiB quickly then stalled hold its
+	// memory for over two hours). 0: DefaultBodyIdleTimeout; negative:
+	// none.
+	BodyIdleTimeout time.Duration
 	// OnFinish, if set, is called once per gated request when flowhttp is
 	// done with it (after done, for a forwarded one), from the request's
 	// goroutine.
@@ -178,73 +230,142 @@ var (
 	droppedKey         = http.CanonicalHeaderKey(DroppedReasonHeader)
 )
 
-type handler struct {
+// gate is what a Handler knows, shared by every handler built from it (a
+// Gateway's Handler calls): the bands, the classification and the budgets.
+type gate struct {
 	c          *flowcontrol.Controller
-	next       http.Handler
 	bands      []band
 	used       []atomic.Int64 // bytes of waiting bodies per band
+	mem        *memory        // every body being read or waiting; nil: no bound
 	objectives map[string]int // lower-case keys
 	classify   func(*http.Request, []byte) (int, bool)
+	bodyPrio   bool
+	conv       Convention
+	fwdPrio    PriorityMode
 	defBand    int
 	gated      func(*http.Request) bool
 	maxBody    int64
 	grace      time.Duration
 	rate       int64
+	idle       time.Duration
 	onFinish   func(*http.Request, Result)
+	// forwarded counts the released requests Gateway.Forward has handed
+	// to the poller whose handler has not returned (the credit's gap is
+	// Controller.InFlight minus it).
+	forwarded atomic.Int64
+}
+
+type handler struct {
+	*gate
+	next http.Handler
 }
 
 // Handler returns a handler that gates requests through c (see the package
 // documentation) and serves them with next. It panics, naming the field, if
-// opts maps an objective or DefaultBand outside the controller's bands.
+// opts are invalid for the controller's bands (an objective or
+// DefaultObjective outside them, a negative duration); NewGateway reports
+// the same as an error.
 func Handler(c *flowcontrol.Controller, next http.Handler, opts Options) http.Handler {
-	h := &handler{
+	g, err := newGate(c, opts)
+	if err != nil {
+		panic(err.Error())
+	}
+	return &handler{gate: g, next: next}
+}
+
+// newGate validates opts against c's bands and fills the defaults.
+func newGate(c *flowcontrol.Controller, opts Options) (*gate, error) {
+	g := &gate{
 		c:        c,
-		next:     next,
 		classify: opts.Classify,
+		bodyPrio: !opts.IgnoreBodyPriority,
+		conv:     opts.Priority,
+		fwdPrio:  opts.ForwardPriority,
 		gated:    opts.Gated,
 		maxBody:  opts.MaxBodyBytes,
 		grace:    opts.BodyGrace,
 		rate:     opts.MinBodyRate,
+		idle:     opts.BodyIdleTimeout,
 		onFinish: opts.OnFinish,
 	}
-	h.bands = bandsOf(c)
-	n := len(h.bands)
-	h.used = make([]atomic.Int64, n)
-	h.objectives = map[string]int{}
+	g.bands = bandsOf(c)
+	n := len(g.bands)
+	g.used = make([]atomic.Int64, n)
+	g.objectives = map[string]int{}
 	if opts.Objectives == nil {
-		h.objectives["critical"] = 0
-		h.objectives["sheddable"] = n - 1
-		for i, b := range h.bands {
-			h.objectives[strings.ToLower(b.name)] = i
+		g.objectives["critical"] = 0
+		g.objectives["sheddable"] = n - 1
+		for i, b := range g.bands {
+			g.objectives[strings.ToLower(b.name)] = i
 		}
 	} else {
 		for k, v := range opts.Objectives {
 			if v < 0 || v >= n {
-				panic(fmt.Sprintf("flowhttp: Options.Objectives[%q] = %d: not a band in [0, %d)", k, v, n))
+				return nil, fmt.Errorf("flowhttp: Options.Objectives[%q] = %d: not a band in [0, %d)", k, v, n)
 			}
-			h.objectives[strings.ToLower(k)] = v
+			g.objectives[strings.ToLower(k)] = v
 		}
 	}
-	h.defBand = opts.DefaultBand
-	if h.defBand < 0 {
-		h.defBand += n
+	g.defBand = n - 1
+	if o := opts.DefaultObjective; o != "" {
+		b, ok := g.objectives[strings.ToLower(o)]
+		if !ok {
+			for i, bd := range g.bands {
+				if strings.EqualFold(bd.name, o) {
+					b, ok = i, true
+				}
+			}
+		}
+		if !ok {
+			return nil, fmt.Errorf("flowhttp: Options.DefaultObjective %q: neither an objective nor a band name", o)
+		}
+		g.defBand = b
 	}
-	if h.defBand < 0 || h.defBand >= n {
-		panic(fmt.Sprintf("flowhttp: Options.DefaultBand = %d: not a band of %d", opts.DefaultBand, n))
+	switch opts.Priority {
+	case ConventionVLLM, ConventionSGLang:
+	default:
+		return nil, fmt.Errorf("flowhttp: Options.Priority = %d: not a Convention", opts.Priority)
 	}
-	if h.gated == nil {
-		h.gated = DefaultGated
+	switch opts.ForwardPriority {
+	case PriorityKeep, PrioritySet, PriorityStrip:
+	default:
+		return nil, fmt.Errorf("flowhttp: Options.ForwardPriority = %d: not a PriorityMode", opts.ForwardPriority)
 	}
-	if h.maxBody == 0 {
-		h.maxBody = DefaultMaxBodyBytes
+	if opts.BodyGrace < 0 {
+		return nil, fmt.Errorf("flowhttp: Options.BodyGrace must be ≥ 0, got %v", opts.BodyGrace)
 	}
-	if h.grace == 0 {
-		h.grace = DefaultBodyGrace
+	if g.gated == nil {
+		g.gated = DefaultGated
 	}
-	if h.rate == 0 {
-		h.rate = DefaultMinBodyRate
+	if g.maxBody == 0 {
+		g.maxBody = DefaultMaxBodyBytes
 	}
-	return h
+	if g.grace == 0 {
+		g.grace = DefaultBodyGrace
+	}
+	if g.rate == 0 {
+		g.rate = DefaultMinBodyRate
+	}
+	if g.idle == 0 {
+		g.idle = DefaultBodyIdleTimeout
+	}
+	total := opts.MaxBodyMemory
+	if total == 0 {
+		total = DefaultMaxBodyMemory
+	}
+	if total > 0 {
+		reserve := opts.CriticalReserve
+		switch {
+		case reserve == 0:
+			reserve = total / 4
+		case reserve < 0:
+			reserve = 0
+		case reserve >= total:
+			return nil, fmt.Errorf("flowhttp: Options.CriticalReserve (%d) must be below MaxBodyMemory (%d)", reserve, total)
+		}
+		g.mem = &memory{total: total, shared: total - reserve}
+	}
+	return g, nil
 }
 
 // DefaultGated is Options.Gated's default: every method except GET, HEAD and
@@ -270,22 +391,47 @@ func objective(hd http.Header) string {
 	return ""
 }
 
-// classifyBand applies the objective map, Classify and DefaultBand.
-func (h *handler) classifyBand(r *http.Request, body []byte) int {
-	if o := objective(r.Header); o != "" {
-		if b, ok := h.objectives[o]; ok {
-			return b
-		}
-		if b, ok := h.objectives[strings.ToLower(o)]; ok {
+// headerBand is the band the headers alone give: the objective's, or ok
+// false when they name no known objective.
+func (g *gate) headerBand(hd http.Header) (int, bool) {
+	o := objective(hd)
+	if o == "" {
+		return 0, false
+	}
+	if b, ok := g.objectives[o]; ok {
+		return b, true
+	}
+	b, ok := g.objectives[strings.ToLower(o)]
+	return b, ok
+}
+
+// preBand is the band a request counts as while its body is read: its
+// headers' band, else DefaultObjective's. Classify and the body's priority
+// may still move it once the body is in.
+func (g *gate) preBand(hd http.Header) int {
+	if b, ok := g.headerBand(hd); ok {
+		return b
+	}
+	return g.defBand
+}
+
+// classifyBand applies the objective header, Classify, the body's
+// priority and DefaultObjective, in that order.
+func (g *gate) classifyBand(r *http.Request, body []byte) int {
+	if b, ok := g.headerBand(r.Header); ok {
+		return b
+	}
+	if g.classify != nil {
+		if b, ok := g.classify(r, body); ok && b >= 0 && b < len(g.bands) {
 			return b
 		}
 	}
-	if h.classify != nil {
-		if b, ok := h.classify(r, body); ok && b >= 0 && b < len(h.bands) {
-			return b
+	if g.bodyPrio && body != nil {
+		if p, ok := BodyPriority(body); ok {
+			return g.conv.band(p, len(g.bands))
 		}
 	}
-	return h.defBand
+	return g.defBand
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -294,16 +440,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	res := Result{Band: h.defBand}
+	res := Result{Band: h.preBand(r.Header)}
 	finish := func() {
 		if h.onFinish != nil {
 			h.onFinish(r, res)
 		}
 	}
-	body, err := h.readBody(w, r, start)
+	body, held, err := h.readBody(w, r, start, res.Band == 0)
 	res.BodyBytes = len(body)
+	// held is released once the request leaves the queue, whatever the
+	// outcome: from then on the body is the wrapped handler's.
 	if err != nil {
-		res.Band = h.classifyBand(r, nil)
+		h.mem.release(held)
 		res.Waited = time.Since(start)
 		h.refuse(w, &res, err)
 		finish()
@@ -317,6 +465,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if max := h.bands[band].maxBytes; max > 0 && len(body) > 0 {
 		n := int64(len(body))
 		if n > max {
+			h.mem.release(held)
 			res.Waited = time.Since(start)
 			h.refuse(w, &res, fmt.Errorf("%w: %d bytes, band %q holds at most %d", ErrBodyTooLarge, n, h.bands[band].name, max))
 			finish()
@@ -324,6 +473,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if h.used[band].Add(n) > max {
 			h.used[band].Add(-n)
+			h.mem.release(held)
 			res.Waited = time.Since(start)
 			h.refuse(w, &res, ErrBytesFull)
 			finish()
@@ -342,6 +492,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if reserved > 0 {
 		h.used[band].Add(-reserved)
 	}
+	h.mem.release(held)
 	res.Waited = time.Since(start)
 	if err != nil {
 		h.refuse(w, &res, err)
@@ -349,6 +500,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	if h.fwdPrio != PriorityKeep {
+		body = rewritePriority(body, h.fwdPrio, h.conv.value(band, len(h.bands)))
+	}
 	// Forward with the buffered body. Expect: 100-continue was answered
 	// by net/http when the body was read; the wrapped handler must not
 	// pass it on.
@@ -358,12 +512,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.TransferEncoding = nil
 	r.Header.Del("Expect")
 	r.Header.Del("Content-Length")
-	rec := &recorder{ResponseWriter: w, band: h.bands[band].name}
+	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, gate: h.gate}
 	res.Reason = ReasonForwarded
 	defer func() {
+		if rec.forwarded {
+			h.forwarded.Add(-1)
+		}
 		done()
 		v := recover()
 		res.Status = rec.code
+		if rec.reason != "" {
+			res.Reason = rec.reason
+		}
 		switch {
 		case v != nil:
 			res.Reason = ReasonAborted
@@ -387,61 +547,114 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(rec, r)
 }
 
-// chunks are readBody's read buffers.
-var chunks = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+// Growth of a body buffer whose length is not declared (or is over
+// exactBodyBytes): it starts at firstBodyChunk and doubles.
+const (
+	firstBodyChunk = 16 << 10
+	exactBodyBytes = 1 << 20
+)
 
-// readBody reads the request body, bounded by size and by rate.
-func (h *handler) readBody(w http.ResponseWriter, r *http.Request, start time.Time) ([]byte, error) {
+// readBody reads the request body, bounded by size, by rate, by idle time
+// and by the memory budget, and returns it with the bytes it holds in the
+// budget (its capacity). critical says the request may use the reserve.
+func (g *gate) readBody(w http.ResponseWriter, r *http.Request, start time.Time, critical bool) (_ []byte, held int64, _ error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
+		return nil, 0, nil
 	}
 	var src io.Reader = r.Body
-	if h.maxBody > 0 {
-		src = http.MaxBytesReader(w, r.Body, h.maxBody)
+	if g.maxBody > 0 {
+		src = http.MaxBytesReader(w, r.Body, g.maxBody)
 	}
 	var rc *http.ResponseController
-	if h.rate > 0 {
+	if g.rate > 0 || g.idle > 0 {
 		rc = http.NewResponseController(w)
-		if rc.SetReadDeadline(start.Add(h.grace)) != nil {
-			rc = nil // not supported by this writer: no rate limit
+		if rc.SetReadDeadline(g.deadline(start, 0, time.Now())) != nil {
+			rc = nil // not supported by this writer: no time limit
 		}
 	}
-	var buf bytes.Buffer
-	if n := r.ContentLength; n > 0 && (h.maxBody < 0 || n <= h.maxBody) {
-		buf.Grow(int(min(n, 1<<20)))
+	// The buffer's capacity is what the body holds in the memory budget,
+	// charged before it is allocated: a declared length up to
+	// exactBodyBytes is allocated at once (one more byte, to read the
+	// EOF into), anything else grows by doubling as bytes arrive, so a
+	// client that declares 8 MiB and sends nothing holds 16 KiB.
+	limit := int64(-1) // the most the buffer may need to hold; -1 = unbounded
+	if g.maxBody > 0 {
+		limit = g.maxBody + 1
 	}
-	cp := chunks.Get().(*[32 << 10]byte)
-	defer chunks.Put(cp)
-	chunk := cp[:]
+	if n := r.ContentLength; n > 0 && (limit < 0 || n+1 <= limit) {
+		limit = n + 1
+	}
+	capFor := func(have int64) int64 {
+		next := int64(firstBodyChunk)
+		if have > 0 {
+			next = 2 * have
+		}
+		if limit > 0 && (next > limit || limit <= exactBodyBytes) {
+			next = limit
+		}
+		return max(next, have+1)
+	}
+	var buf []byte
 	var err error
 	for {
+		if len(buf) == cap(buf) {
+			c := capFor(int64(cap(buf)))
+			// Charge the new buffer before the old one is let go: both
+			// are live while the bytes are copied.
+			if !g.mem.acquire(c, critical) {
+				err = fmt.Errorf("%w: %d bytes read, %d more do not fit", ErrMemoryFull, len(buf), c-int64(cap(buf)))
+				break
+			}
+			nb := make([]byte, len(buf), c)
+			copy(nb, buf)
+			g.mem.release(held)
+			buf, held = nb, c
+		}
 		var n int
-		n, err = src.Read(chunk)
-		buf.Write(chunk[:n])
+		n, err = src.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
 		if err != nil {
 			break
 		}
 		if rc != nil && n > 0 {
-			allowed := time.Duration(float64(buf.Len()) / float64(h.rate) * float64(time.Second))
-			_ = rc.SetReadDeadline(start.Add(h.grace + allowed))
+			_ = rc.SetReadDeadline(g.deadline(start, int64(len(buf)), time.Now()))
 		}
 	}
 	if rc != nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	if errors.Is(err, io.EOF) {
-		return buf.Bytes(), nil
+		return buf, held, nil
 	}
 	var tooLarge *http.MaxBytesError
 	switch {
+	case errors.Is(err, ErrMemoryFull):
 	case errors.As(err, &tooLarge):
-		return nil, fmt.Errorf("%w: over %d bytes", ErrBodyTooLarge, tooLarge.Limit)
+		err = fmt.Errorf("%w: over %d bytes", ErrBodyTooLarge, tooLarge.Limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, fmt.Errorf("%w: %d bytes in %v", ErrBodyTimeout, buf.Len(), time.Since(start).Round(time.Millisecond))
+		err = fmt.Errorf("%w: %d bytes in %v", ErrBodyTimeout, len(buf), time.Since(start).Round(time.Millisecond))
 	case r.Context().Err() != nil:
-		return nil, fmt.Errorf("%w: %w", ErrClientGone, r.Context().Err())
+		err = fmt.Errorf("%w: %w", ErrClientGone, r.Context().Err())
+	default:
+		err = fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
-	return nil, fmt.Errorf("%w: %w", ErrBadBody, err)
+	return nil, held, err
+}
+
+// deadline is when the next byte of a body must have arrived, with n bytes
+// read by now: the earlier of the rate rule's arrival + BodyGrace +
+// n/MinBodyRate and the idle rule's now + BodyIdleTimeout.
+func (g *gate) deadline(start time.Time, n int64, now time.Time) time.Time {
+	var d time.Time
+	if g.rate > 0 {
+		d = start.Add(g.grace + time.Duration(float64(n)/float64(g.rate)*float64(time.Second)))
+	}
+	if g.idle > 0 {
+		if i := now.Add(g.idle); d.IsZero() || i.Before(d) {
+			d = i
+		}
+	}
+	return d
 }
 
 // refusal is how one kind of refusal is answered.
@@ -460,6 +673,10 @@ func refusalFor(err error) (refusal, bool) {
 		return refusal{http.StatusTooManyRequests, ReasonQueueFull, true, false}, true
 	case errors.Is(err, ErrBytesFull):
 		return refusal{http.StatusTooManyRequests, ReasonBytesFull, true, false}, true
+	case errors.Is(err, ErrMemoryFull):
+		// The rest of the body was not read: the connection cannot be
+		// reused.
+		return refusal{http.StatusTooManyRequests, ReasonMemoryFull, true, true}, true
 	case errors.Is(err, flowcontrol.ErrShed):
 		// Shed because the pool is saturated: an immediate retry is
 		// more load on the pool that shed it, so the SDKs are told not
@@ -501,7 +718,7 @@ func errorType(status int) string {
 }
 
 // refuse answers err on flowhttp's own behalf and fills res.
-func (h *handler) refuse(w http.ResponseWriter, res *Result, err error) {
+func (g *gate) refuse(w http.ResponseWriter, res *Result, err error) {
 	res.Err = err
 	f, answer := refusalFor(err)
 	if !answer {
@@ -509,11 +726,11 @@ func (h *handler) refuse(w http.ResponseWriter, res *Result, err error) {
 		return
 	}
 	res.Status, res.Reason = f.status, f.reason
-	w.Header()[bandKey] = []string{h.bands[res.Band].name}
+	w.Header()[bandKey] = []string{g.bands[res.Band].name}
 	if f.closeIt {
 		w.Header().Set("Connection", "close")
 	}
-	msg := fmt.Sprintf("band %q, waited %v: %v", h.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
+	msg := fmt.Sprintf("band %q, waited %v: %v", g.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
 	WriteError(w, f.status, f.reason, msg, f.retry)
 }
 

@@ -22,7 +22,7 @@ import (
 func TestObjectiveHeaderSelectsBand(t *testing.T) {
 	bands := []flowcontrol.BandConfig{band("critical", 0, 0, 0), band("Standard", 0, 0, 0), band("sheddable", 0, 0, 0)}
 	e := start(t, bands, ok, flowhttp.Options{
-		DefaultBand: 1,
+		DefaultObjective: "standard",
 		Classify: func(r *http.Request, body []byte) (int, bool) {
 			if strings.Contains(string(body), "batch") {
 				return 2, true
@@ -137,7 +137,7 @@ func TestRefusalsAreOpenAIErrors(t *testing.T) {
 }
 
 func TestGatedMethodsAndPaths(t *testing.T) {
-	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, time.Millisecond, 0)}, ok, flowhttp.Options{DefaultBand: -1})
+	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, time.Millisecond, 0)}, ok, flowhttp.Options{})
 	e.saturate(t, 1) // the last band is blocked: a gated request expires
 	for _, c := range []struct {
 		method, path string
@@ -170,8 +170,7 @@ func TestGatedMethodsAndPaths(t *testing.T) {
 	}
 	// A custom predicate.
 	e2 := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, time.Millisecond, 0)}, ok, flowhttp.Options{
-		DefaultBand: -1,
-		Gated:       func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") },
+		Gated: func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") },
 	})
 	e2.saturate(t, 1)
 	for path, want := range map[string]int{"/v1/completions": 503, "/admin": 200} {
@@ -267,7 +266,7 @@ func TestPanicReleasesSlotAndRepanics(t *testing.T) {
 }
 
 func TestByteBudget(t *testing.T) {
-	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, 0, 100)}, ok, flowhttp.Options{DefaultBand: -1})
+	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, 0, 100)}, ok, flowhttp.Options{})
 	e.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -407,7 +406,7 @@ func TestExpectAnd1xxAndOwnHeaders(t *testing.T) {
 	if expect != "" {
 		t.Errorf("Expect forwarded: %q", expect)
 	}
-	if resp.StatusCode != 429 || resp.Header.Values(flowhttp.BandHeader)[0] != "band0" || len(resp.Header.Values(flowhttp.BandHeader)) != 1 ||
+	if resp.StatusCode != 429 || resp.Header.Values(flowhttp.BandHeader)[0] != "band1" || len(resp.Header.Values(flowhttp.BandHeader)) != 1 ||
 		resp.Header.Get(flowhttp.DroppedReasonHeader) != "" {
 		t.Errorf("backend 429: %d %v", resp.StatusCode, resp.Header)
 	}
@@ -420,8 +419,9 @@ func TestInvalidOptionsPanic(t *testing.T) {
 	e := start(t, nil, ok, flowhttp.Options{})
 	for name, o := range map[string]flowhttp.Options{
 		"objective": {Objectives: map[string]int{"x": 2}},
-		"default":   {DefaultBand: 2},
-		"negative":  {DefaultBand: -3},
+		"default":   {DefaultObjective: "nope"},
+		"priority":  {ForwardPriority: 7},
+		"reserve":   {MaxBodyMemory: 10, CriticalReserve: 10},
 	} {
 		func() {
 			defer func() {

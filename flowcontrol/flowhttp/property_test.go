@@ -39,12 +39,21 @@ func TestPropertyHeaderToBand(t *testing.T) {
 		for i, name := range names {
 			bands[i] = flowcontrol.BandConfig{Name: name, Capacity: 4}
 		}
-		def := rapid.IntRange(-n, n-1).Draw(t, "default")
+		def := rapid.IntRange(-1, n-1).Draw(t, "default")         // -1: DefaultObjective unset
 		classified := rapid.IntRange(-1, n).Draw(t, "classified") // -1: declines; n: out of range
 		c, _, stop := runCtrl(t, bands)
 		defer stop()
+		defName, defBand := "", n-1 // unset: the last band
+		if def >= 0 {
+			defName = names[def]
+			for i, name := range names { // the last band of that name, case-insensitively, as the objective map keeps
+				if strings.EqualFold(name, defName) {
+					defBand = i
+				}
+			}
+		}
 		h := flowhttp.Handler(c, ok, flowhttp.Options{
-			DefaultBand: def,
+			DefaultObjective: defName,
 			Classify: func(*http.Request, []byte) (int, bool) {
 				return classified, classified >= 0
 			},
@@ -70,7 +79,7 @@ func TestPropertyHeaderToBand(t *testing.T) {
 				want = classified
 			}
 			if want < 0 {
-				want = (def + n) % n
+				want = defBand
 			}
 			req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader("{}"))
 			if legacy {

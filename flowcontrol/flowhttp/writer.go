@@ -12,21 +12,44 @@ type recorder struct {
 	band string
 	code int
 	own  bool // WriteError answered through it: keep DroppedReasonHeader
+	// gate and forwarded serve Gateway.Forward: the request holds a
+	// release, and whether it was already handed to an endpoint.
+	gate      *gate
+	forwarded bool
+	reason    string // SetReason's
+}
+
+// SetReason tells the gate why the wrapped handler answered as it did, for
+// the request w serves: Result.Reason reports it instead of
+// ReasonForwarded (for example "no-backend" or "backend-error" when the
+// handler refused on its own behalf with WriteError). It does nothing for a
+// writer that is not a gated request's.
+func SetReason(w http.ResponseWriter, reason string) {
+	if r := recorderOf(w); r != nil {
+		r.reason = reason
+	}
+}
+
+// recorderOf finds flowhttp's recorder under w (through Unwrap), or nil.
+func recorderOf(w http.ResponseWriter) *recorder {
+	for w != nil {
+		if r, ok := w.(*recorder); ok {
+			return r
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return nil
+		}
+		w = u.Unwrap()
+	}
+	return nil
 }
 
 // markOwn finds flowhttp's recorder under w (through Unwrap) and marks the
 // answer as the gateway's own.
 func markOwn(w http.ResponseWriter) {
-	for w != nil {
-		if r, ok := w.(*recorder); ok {
-			r.own = true
-			return
-		}
-		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
-		if !ok {
-			return
-		}
-		w = u.Unwrap()
+	if r := recorderOf(w); r != nil {
+		r.own = true
 	}
 }
 

@@ -1,47 +1,19 @@
 package gateway
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-func TestBodyPriority(t *testing.T) {
-	for _, tc := range []struct {
-		body string
-		want int64
-		ok   bool
-	}{
-		{`{"priority": 3}`, 3, true},
-		{` {"prompt":"x","priority":-2} `, -2, true},
-		{`{"priority":0,"priority":5}`, 5, true}, // last wins, as in vLLM's parser
-		{`{"\u0070riority":4}`, 4, true},         // an escaped key is still the key
-		{`{"PRIORITY":4}`, 0, false},             // keys are case-sensitive
-		{`{"priority":1.5}`, 0, false},
-		{`{"priority":1e2}`, 0, false},
-		{`{"priority":"1"}`, 0, false},
-		{`{"priority":null}`, 0, false},
-		{`{"priority":99999999999999999999}`, 0, false},
-		{`{"nested":{"priority":1}}`, 0, false},
-		{`[{"priority":1}]`, 0, false},
-		{`{"priority":1`, 0, false},
-		{``, 0, false},
-		{`garbage`, 0, false},
-	} {
-		got, ok := bodyPriority([]byte(tc.body))
-		require.Equal(t, tc.ok, ok, tc.body)
-		require.Equal(t, tc.want, got, tc.body)
-	}
-}
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+)
 
 // idleBackend serves an idle vLLM's /metrics and 200 to everything else.
 func idleBackend(t testing.TB) *httptest.Server {
@@ -120,36 +92,6 @@ func TestBandFor(t *testing.T) {
 	require.Equal(t, 0, bandOf(t, p0, &cfg, ObjectiveHeader, "", ""))
 }
 
-// FuzzBodyPriority: never panics; a reported priority is the integer that a
-// generic JSON decode finds under the exact top-level key "priority".
-func FuzzBodyPriority(f *testing.F) {
-	for _, s := range []string{`{"priority":3}`, `{"priority":-1,"prompt":"x"}`, `{"priority":1.0}`, `{"PRIORITY":1}`,
-		`{"\u0070riority":2}`, `{"priority":9223372036854775807}`, `{"priority":-9223372036854775808}`, `[]`, `{`, ``, `{"a":{"priority":1}}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		p, ok := bodyPriority(body)
-		var generic map[string]any
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.UseNumber()
-		isObject := json.Valid(body) && dec.Decode(&generic) == nil && generic != nil
-		if !ok {
-			if isObject {
-				if n, has := generic["priority"].(json.Number); has {
-					if _, err := strconv.ParseInt(n.String(), 10, 64); err == nil {
-						t.Fatalf("missed integer priority %v in %q", n, body)
-					}
-				}
-			}
-			return
-		}
-		require.True(t, isObject, "priority from a non-object %q", body)
-		n, has := generic["priority"].(json.Number)
-		require.True(t, has, "no top-level priority in %q", body)
-		require.Equal(t, n.String(), strconv.FormatInt(p, 10))
-	})
-}
-
 // FuzzBandFor: any header value and body yield a valid band, and the
 // header decides exactly when it names a known objective (case-insensitively).
 func FuzzBandFor(f *testing.F) {
@@ -176,18 +118,10 @@ func FuzzBandFor(f *testing.F) {
 			require.Equal(t, b, band)
 			return
 		}
-		if p, ok := bodyPriority(body); ok {
+		if p, ok := flowhttp.BodyPriority(body); ok {
 			require.Equal(t, int(min(max(p, 0), int64(len(cfg.Bands)-1))), band)
 			return
 		}
 		require.Equal(t, cfg.DefaultBand, band)
 	})
-}
-
-func BenchmarkBodyPriorityAbsent(b *testing.B) {
-	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("abcd", 1176) + `","max_tokens":195,"stream":true}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		bodyPriority(body)
-	}
 }

@@ -106,7 +106,8 @@ type fileFlowControl struct {
 	// BodyPriority: what the proxy does with vLLM's body field
 	// "priority": keep (classify by it, forward it), strip (classify by
 	// it, remove it before forwarding: vLLM refuses a non-zero priority
-	// unless run with --scheduling-policy priority) or ignore.
+	// unless run with --scheduling-policy priority), ignore, or set
+	// (classify by it, write the band into the forwarded body).
 	BodyPriority string `yaml:"bodyPriority"`
 }
 
@@ -171,6 +172,12 @@ const (
 	BodyPriorityKeep   = "keep"   // classify by it, forward it unchanged (default)
 	BodyPriorityStrip  = "strip"  // classify by it, remove it from the forwarded body
 	BodyPriorityIgnore = "ignore" // do not classify by it; forward it unchanged
+	// BodyPrioritySet classifies by it and writes the request's band into
+	// the forwarded body (vLLM: band i as priority i; SGLang, engine
+	// sglang: the reverse), so that a model server run with priority
+	// scheduling (vLLM --scheduling-policy priority) schedules and preempts
+	// by the gateway's band.
+	BodyPrioritySet = "set"
 )
 
 // Band is one priority band after validation, in band order (0 first).
@@ -282,8 +289,8 @@ type Config struct {
 	Tick       time.Duration // 0: flowcontrol's default
 	Burst      int           // 0: flowcontrol's default
 	Saturation SaturationConfig
-	// BodyPriority is BodyPriorityKeep, BodyPriorityStrip or
-	// BodyPriorityIgnore ("" reads as keep).
+	// BodyPriority is BodyPriorityKeep, BodyPriorityStrip,
+	// BodyPriorityIgnore or BodyPrioritySet ("" reads as keep).
 	BodyPriority string
 	// Shared is the in-flight view shared with other replicas; off by
 	// default.
@@ -1038,11 +1045,11 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	}
 	switch fcf.BodyPriority {
 	case "":
-	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore:
+	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet:
 		cfg.BodyPriority = fcf.BodyPriority
 	default:
-		return Config{}, fieldError(root, "flowControl.bodyPriority", "must be %s, %s or %s, got %q",
-			BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, fcf.BodyPriority)
+		return Config{}, fieldError(root, "flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q",
+			BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, fcf.BodyPriority)
 	}
 
 	if v := sd.QueueDepthThreshold; v != nil {

@@ -13,7 +13,7 @@ import (
 )
 
 // TestForwardBuffered: a request whose body was buffered (GetBody set, as
-// flowhttp and stripPriority leave it) is forwarded from a fresh reader of
+// flowhttp leaves it) is forwarded from a fresh reader of
 // that body, which net/http sends with the headers in one write; any other
 // request keeps the reverse proxy's own body.
 func TestForwardBuffered(t *testing.T) {

@@ -95,11 +95,11 @@ func (m *llmdMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *llmdMetrics) Collect(ch chan<- prometheus.Metric) {
-	st := m.p.ctrl.Stats()
+	st := m.p.gw.Controller().Stats()
 	for i, b := range st.Bands {
 		ch <- prometheus.MustNewConstMetric(m.queue, prometheus.GaugeValue, float64(b.Queued), llmdFlow, m.prios[i])
 	}
-	ch <- prometheus.MustNewConstMetric(m.sat, prometheus.GaugeValue, m.p.poller.Saturation())
+	ch <- prometheus.MustNewConstMetric(m.sat, prometheus.GaugeValue, m.p.gw.Saturation())
 	m.total.Collect(ch)
 	m.duration.Collect(ch)
 }

@@ -22,7 +22,6 @@ import (
 
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
-	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
 	"github.com/flowgate/flowgate/saturation"
 	"github.com/flowgate/flowgate/saturation/redisshare"
 )
@@ -76,6 +75,12 @@ type Options struct {
 	// 5 s and 1 KiB/s (flowhttp's); MinBodyRate < 0: no limit.
 	BodyGrace   time.Duration
 	MinBodyRate int64
+	// BodyIdleTimeout cuts a body of which nothing arrived for this long
+	// (408). Default 10 s (flowhttp's); < 0: none.
+	BodyIdleTimeout time.Duration
+	// MaxBodyMemory bounds the bytes of every gated body being read or
+	// waiting, together. Default 64 MiB (flowhttp's); < 0: no bound.
+	MaxBodyMemory int64
 	// BackendResponseHeaderTimeout bounds the wait for a backend's
 	// response headers. Default 10 min (a non-streamed completion's
 	// headers come when it is done).
@@ -144,19 +149,19 @@ func (b *backend) load() int64 {
 // and draws the most traffic.
 const ejectFor = time.Second
 
-// Proxy gates requests with a flowcontrol.Controller and forwards them to
-// the least-loaded backend. It is an http.Handler.
+// Proxy gates requests with a flowhttp.Gateway and forwards them to the
+// least-loaded backend. It is an http.Handler. Everything that protects (the
+// poller, the in-flight credit, the controller, the gate, the body bounds)
+// is the public Gateway's; what is here is the example's own: its
+// configuration, its routing (pick), the replicas' shared view and its
+// metrics.
 type Proxy struct {
 	cfg      Config
 	logf     func(string, ...any)
-	maxBody  int64
-	ctrl     *flowcontrol.Controller
-	credit   *releasedCredit // the controller's source with the in-flight credit on; nil without
-	col      *flowmetrics.Collector
-	poller   *saturation.Poller
+	gw       *flowhttp.Gateway
 	backends []*backend
 	byMetric map[string]*backend
-	gate     http.Handler // flowhttp in front of forward
+	handler  http.Handler // the gate in front of route
 	llmd     *llmdMetrics // nil unless Options.LLMDMetrics
 	reg      *prometheus.Registry
 	shared   *redisshare.InFlight   // nil unless Config.Shared is enabled
@@ -174,8 +179,8 @@ type Proxy struct {
 	started     bool
 }
 
-// NewProxy builds the controller, the saturation poller and the metrics
-// registry. Start runs them.
+// NewProxy builds the gateway (controller, saturation poller, gate) and the
+// metrics registry. Start runs them.
 func NewProxy(opts Options) (_ *Proxy, err error) {
 	cfg := opts.Config
 	if len(cfg.Bands) == 0 {
@@ -185,7 +190,6 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		cfg:      cfg,
 		logf:     opts.Logf,
 		onFinish: opts.OnFinish,
-		maxBody:  opts.MaxBodyBytes,
 		byMetric: map[string]*backend{},
 		reg:      prometheus.NewRegistry(),
 	}
@@ -205,9 +209,6 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 			}
 		}()
 	}
-	if p.maxBody == 0 {
-		p.maxBody = 8 << 20
-	}
 	// One transport for every backend: enough idle connections that a
 	// burst of streams does not churn them.
 	transport := &http.Transport{
@@ -224,13 +225,12 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	if transport.ResponseHeaderTimeout == 0 {
 		transport.ResponseHeaderTimeout = 10 * time.Minute
 	}
-	endpoints := make([]string, 0, len(opts.Backends))
 	for i, raw := range opts.Backends {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("proxy: backends[%d]: %q is not an http(s) base URL", i, raw)
 		}
-		b := &backend{base: u, label: u.String(), metrics: u.JoinPath("metrics").String()}
+		b := &backend{base: u, label: raw, metrics: u.JoinPath("metrics").String()}
 		if _, dup := p.byMetric[b.metrics]; dup {
 			return nil, fmt.Errorf("proxy: backends[%d]: %q listed twice", i, raw)
 		}
@@ -261,14 +261,13 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		}
 		p.backends = append(p.backends, b)
 		p.byMetric[b.metrics] = b
-		endpoints = append(endpoints, b.metrics)
 	}
 
 	sc := cfg.Saturation
 	var peers func(string) int64
 	if p.shared != nil {
 		// The other replicas' requests join the in-flight credit; this
-		// replica's own go through Dispatched and Finished (forward).
+		// replica's own go through the gateway's Forward.
 		peers = func(ep string) int64 {
 			if b := p.byMetric[ep]; b != nil && b.shared != nil {
 				return b.shared.Others()
@@ -276,58 +275,30 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 			return 0
 		}
 	}
-	poller, err := saturation.NewPoller(saturation.PollerConfig{
-		PeerInFlight: peers,
-		Endpoints:    endpoints,
-		Interval:     sc.ScrapeInterval,
-		Timeout:      max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout)),
-		Metrics:      metricNames(sc.Engine),
-		Scorer: saturation.Scorer{
-			QueueDepthThreshold: sc.QueueDepthThreshold,
-			KVUtilThreshold:     sc.KVCacheUtilThreshold,
-			Staleness:           sc.MetricsStalenessThreshold,
-			InFlightCredit:      sc.InFlightCredit,
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("proxy: saturation: %w", err)
-	}
-	p.poller = poller
-
 	policy, err := flowcontrol.PolicyByName(cfg.Policy.Type, policyParams(cfg.Policy))
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
-	names := make([]string, len(cfg.Bands))
-	for i, b := range cfg.Bands {
-		names[i] = b.Name
-	}
-	p.col, err = flowmetrics.New(len(cfg.Bands), flowmetrics.Options{BandNames: names})
+	gc := GatewayConfig(cfg, policy)
+	gc.Endpoints = opts.Backends
+	gc.Poller.PeerInFlight = peers
+	gc.Poller.Timeout = max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout))
+	gc.HTTP.MaxBodyBytes = opts.MaxBodyBytes
+	gc.HTTP.MaxBodyMemory = opts.MaxBodyMemory
+	gc.HTTP.BodyGrace = opts.BodyGrace
+	gc.HTTP.MinBodyRate = opts.MinBodyRate
+	gc.HTTP.BodyIdleTimeout = opts.BodyIdleTimeout
+	gc.HTTP.OnFinish = p.finished
+	p.gw, err = flowhttp.NewGateway(gc)
 	if err != nil {
-		return nil, fmt.Errorf("proxy: metrics: %w", err)
-	}
-	var src flowcontrol.SaturationSource = poller
-	if sc.InFlightCredit {
-		p.credit = newReleasedCredit(poller, sc.QueueDepthThreshold, len(endpoints))
-		src = p.credit
-	}
-	ctrl, err := newController(cfg, policy, src, p.col.OnOutcome)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: flow control: %w", err)
-	}
-	p.ctrl = ctrl
-	if p.credit != nil {
-		p.credit.ctrl.Store(ctrl)
-	}
-	if err := p.col.Bind(ctrl); err != nil {
-		return nil, fmt.Errorf("proxy: metrics: %w", err)
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	p.answers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "flowgate_proxy_responses_total",
 		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
 	}, []string{"band", "code", "reason"})
 	p.okAnswers = make([]atomic.Pointer[prometheus.Counter], len(cfg.Bands))
-	p.reg.MustRegister(p.col, p.answers, newBackendCollector(p))
+	p.reg.MustRegister(p.gw.Collector(), p.answers, newBackendCollector(p))
 	if p.shared != nil {
 		p.reg.MustRegister(p.shared.Collector())
 	}
@@ -335,25 +306,49 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		p.llmd = newLLMDMetrics(p)
 		p.reg.MustRegister(p.llmd)
 	}
-	p.gate = flowhttp.Handler(ctrl, http.HandlerFunc(p.forward), flowhttp.Options{
-		Objectives:   cfg.Objectives,
-		DefaultBand:  cfg.DefaultBand,
-		MaxBodyBytes: opts.MaxBodyBytes,
-		BodyGrace:    opts.BodyGrace,
-		MinBodyRate:  opts.MinBodyRate,
-		Classify: func(_ *http.Request, body []byte) (int, bool) {
-			if cfg.BodyPriority == BodyPriorityIgnore {
-				return 0, false
-			}
-			p, ok := bodyPriority(body)
-			if !ok {
-				return 0, false
-			}
-			return int(min(max(p, 0), int64(len(cfg.Bands)-1))), true
-		},
-		OnFinish: p.finished,
-	})
+	p.handler = p.gw.Handler(http.HandlerFunc(p.route))
 	return p, nil
+}
+
+// GatewayConfig translates the proxy's configuration (llm-d's vocabulary)
+// into the public flowhttp.GatewayConfig, without endpoints: what an
+// embedder writes by hand.
+func GatewayConfig(cfg Config, policy flowcontrol.CeilingPolicy) flowhttp.GatewayConfig {
+	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
+	for i, b := range cfg.Bands {
+		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes,
+			Fairness: b.Fairness, Ordering: b.Ordering, FlowCapacity: b.FlowCapacity}
+	}
+	sc := cfg.Saturation
+	gc := flowhttp.GatewayConfig{
+		Flow: flowcontrol.Config{Bands: bands, Policy: policy, Burst: cfg.Burst, Tick: cfg.Tick},
+		Poller: saturation.PollerConfig{
+			Interval: sc.ScrapeInterval,
+			Metrics:  metricNames(sc.Engine),
+			Scorer: saturation.Scorer{
+				QueueDepthThreshold: sc.QueueDepthThreshold,
+				KVUtilThreshold:     sc.KVCacheUtilThreshold,
+				Staleness:           sc.MetricsStalenessThreshold,
+			},
+		},
+		NoCredit: !sc.InFlightCredit,
+		HTTP: flowhttp.Options{
+			Objectives:       cfg.Objectives,
+			DefaultObjective: cfg.Bands[cfg.DefaultBand].Name,
+		},
+	}
+	if sc.Engine == EngineSGLang {
+		gc.HTTP.Priority = flowhttp.ConventionSGLang
+	}
+	switch cfg.BodyPriority {
+	case BodyPriorityIgnore:
+		gc.HTTP.IgnoreBodyPriority = true
+	case BodyPriorityStrip:
+		gc.HTTP.ForwardPriority = flowhttp.PriorityStrip
+	case BodyPrioritySet:
+		gc.HTTP.ForwardPriority = flowhttp.PrioritySet
+	}
+	return gc
 }
 
 // metricNames is the poller's metric names for a backend kind.
@@ -364,37 +359,6 @@ func metricNames(engine string) saturation.MetricNames {
 	return saturation.VLLM()
 }
 
-// newController is the one place the proxy's bands become a controller.
-func newController(cfg Config, policy flowcontrol.CeilingPolicy, src flowcontrol.SaturationSource,
-	onOutcome func(int, error, time.Duration)) (*flowcontrol.Controller, error) {
-	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
-	for i, b := range cfg.Bands {
-		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes,
-			Fairness: b.Fairness, Ordering: b.Ordering, FlowCapacity: b.FlowCapacity}
-	}
-	return flowcontrol.NewController(flowcontrol.ControllerConfig{
-		Config: flowcontrol.Config{
-			Bands:  bands,
-			Policy: policy,
-			Source: src,
-			Burst:  cfg.Burst,
-			Tick:   cfg.Tick,
-			// With the in-flight credit each released request raises the
-			// saturation at once (the poller's credit from forwarding on,
-			// releasedCredit before), so re-reading it while an open band
-			// drains a backlog stops the drain as soon as the band is gated
-			// again. Without it a backlog built while the band was blocked
-			// reaches the pool in one tick the moment a reading dips into
-			// the dead zone (TestProxyBacklogDoesNotFloodOnReopen: 20 of 20
-			// forwarded without, 5 with; in the simulator's threshold sweep
-			// chat@80 critical p99 40.6 s against 88 ms). Without the credit
-			// a re-read sees the same reading, so it is only paid for with it.
-			Pacing: flowcontrol.Pacing{Recheck: cfg.Saturation.InFlightCredit},
-		},
-		OnOutcome: onOutcome,
-	})
-}
-
 func policyParams(r PolicyRef) map[string]float64 {
 	if r.Type == flowcontrol.StaticPolicyName {
 		return map[string]float64{"threshold": r.Threshold}
@@ -402,7 +366,8 @@ func policyParams(r PolicyRef) map[string]float64 {
 	return nil
 }
 
-// Start runs the dispatcher and the metrics poller until Close.
+// Start runs the gateway (dispatcher and metrics poller), the pod watch and
+// the shared view's sync until Close.
 func (p *Proxy) Start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -412,16 +377,25 @@ func (p *Proxy) Start() {
 	p.started = true
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
-	p.wg.Add(3)
-	ran := p.ctrl.Start(ctx) // running before Start returns: no request sees ErrNotRunning
-	go func() { defer p.wg.Done(); <-ran }()
-	go func() { defer p.wg.Done(); _ = p.poller.Run(ctx) }()
+	// Running before Start returns: no request sees ErrNotRunning.
+	_ = p.gw.Start(ctx) // a new gateway: it cannot be running or closed
+	p.wg.Add(1)
 	go func() { defer p.wg.Done(); p.watchPods(ctx) }()
 	if p.shared != nil {
 		// All its Redis I/O is here; the request path reads memory only.
 		p.wg.Add(1)
 		go func() { defer p.wg.Done(); _ = p.shared.Run(ctx) }()
 	}
+}
+
+// Serve runs the proxy behind flowhttp's hardened server on ln until ctx is
+// done, then shuts down gracefully within cfg.DrainTimeout (see
+// flowhttp.Gateway.Serve) and closes the proxy.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener, cfg flowhttp.ServerConfig) error {
+	p.Start()
+	err := p.gw.Serve(ctx, ln, http.HandlerFunc(p.route), cfg)
+	p.Close()
+	return err
 }
 
 // watchPods copies the poller's per-pod verdict (usable or not) to the
@@ -436,7 +410,7 @@ func (p *Proxy) watchPods(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for _, r := range p.poller.Readings() {
+			for _, r := range p.gw.Poller().Readings() {
 				if b := p.byMetric[r.Endpoint]; b != nil {
 					was := b.unusable.Swap(!r.Usable)
 					// Say why a backend reads saturated, once per
@@ -459,13 +433,13 @@ func (p *Proxy) watchPods(ctx context.Context) {
 // answered 503 shutting-down, and so is every request that arrives later.
 // Requests already forwarded go on; call Close once they have finished (for
 // example after http.Server.Shutdown returns).
-func (p *Proxy) Drain() { p.ctrl.Close() }
+func (p *Proxy) Drain() { p.gw.Drain() }
 
-// Close drains and stops the dispatcher, the poller and the shared view's
+// Close drains and stops the gateway, the pod watch and the shared view's
 // sync loop (which removes this replica's counts from Redis on its way out),
 // then closes the view's Redis client. Idempotent.
 func (p *Proxy) Close() {
-	p.ctrl.Close()
+	p.gw.Close()
 	p.mu.Lock()
 	if p.cancel != nil {
 		p.cancel()
@@ -491,28 +465,16 @@ func (w logfWriter) Write(b []byte) (int, error) {
 }
 
 // Controller returns the flow controller (for Stats).
-func (p *Proxy) Controller() *flowcontrol.Controller { return p.ctrl }
+func (p *Proxy) Controller() *flowcontrol.Controller { return p.gw.Controller() }
 
-// Critical reports whether a request's objective header (llm-d's or the
-// legacy one, case-insensitively) names band 0.
-func (p *Proxy) Critical(h http.Header) bool {
-	v := h.Get(ObjectiveHeader)
-	if v == "" {
-		v = h.Get(LegacyObjectiveHeader)
-	}
-	if v == "" {
-		return false
-	}
-	for k, b := range p.cfg.Objectives {
-		if b == 0 && strings.EqualFold(k, v) {
-			return true
-		}
-	}
-	return false
-}
+// Gateway returns the public gateway the proxy is built on.
+func (p *Proxy) Gateway() *flowhttp.Gateway { return p.gw }
+
+// Critical reports whether a request's headers place it in band 0.
+func (p *Proxy) Critical(h http.Header) bool { return p.gw.Critical(h) }
 
 // Poller returns the saturation poller (for its readings).
-func (p *Proxy) Poller() *saturation.Poller { return p.poller }
+func (p *Proxy) Poller() *saturation.Poller { return p.gw.Poller() }
 
 // Config returns the proxy's configuration.
 func (p *Proxy) Config() Config { return p.cfg }
@@ -553,30 +515,23 @@ func (p *Proxy) InFlight() []int64 {
 	return out
 }
 
-// reqState is what forward learns about a gated request that flowhttp's
-// Result does not say: the proxy's own refusals.
-type reqState struct{ reason string }
+// ServeHTTP is the gate in front of route: flowhttp gates every method but
+// GET, HEAD and OPTIONS (any path); route serves GET /metrics and forwards
+// everything else.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.ServeHTTP(w, r) }
 
-type stateKey struct{}
-
-// ServeHTTP serves GET /metrics from the registry and passes everything else
-// to flowhttp, which gates every method but GET, HEAD and OPTIONS (any path)
-// and forwards through forward.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// route is the handler behind the gate.
+func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/metrics" && r.Method == http.MethodGet {
 		promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 		return
 	}
-	st := &reqState{}
-	p.gate.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
+	p.forward(w, r)
 }
 
 // finished is flowhttp's OnFinish: one count per gated request.
 func (p *Proxy) finished(r *http.Request, res flowhttp.Result) {
 	code, reason := res.Status, res.Reason
-	if st, _ := r.Context().Value(stateKey{}).(*reqState); st != nil && st.reason != "" {
-		reason = st.reason
-	}
 	if reason == ReasonAborted {
 		reason = ReasonBackendError // the stream was cut by the backend
 	}
@@ -615,29 +570,17 @@ const ReasonAborted = flowhttp.ReasonAborted
 // forward sends a request (gated and released, or ungated) to the
 // least-loaded backend.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
-	st, _ := r.Context().Value(stateKey{}).(*reqState)
-	if st == nil {
-		st = &reqState{}
-	}
 	b := p.pick()
 	if b == nil {
-		st.reason = ReasonNoBackend
+		flowhttp.SetReason(w, ReasonNoBackend)
 		flowhttp.WriteError(w, http.StatusServiceUnavailable, ReasonNoBackend, "no backend is configured", true)
 		return
 	}
 	b.inc()
 	defer b.dec()
-	// The poller counts the request on its backend at once (the in-flight
+	// The gateway counts the request on its backend at once (the in-flight
 	// credit, when on, moves the saturation now, not at the next scrape).
-	if p.poller.Dispatched(b.metrics) {
-		defer p.poller.Finished(b.metrics)
-	}
-	if p.credit != nil && flowhttp.DefaultGated(r) { // flowhttp's Options.Gated: it held a release
-		// Counted by the poller from here on: no longer the gap between
-		// release and forwarding that releasedCredit charges.
-		p.credit.forwarded.Add(1)
-		defer p.credit.forwarded.Add(-1)
-	}
+	defer p.gw.Forward(w, b.label)()
 	rec := &statusRecorder{ResponseWriter: w}
 	defer func() {
 		// A stream the backend cut (not the client) aborts the handler
@@ -645,16 +588,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler && r.Context().Err() == nil {
 				b.failedAt.Store(time.Now().UnixNano())
-				st.reason = ReasonBackendError
-			} else if r.Context().Err() != nil {
-				st.reason = ReasonCancelled
+				flowhttp.SetReason(w, ReasonBackendError)
 			}
 			panic(v)
 		}
 	}()
-	if p.cfg.BodyPriority == BodyPriorityStrip && r.Body != nil {
-		stripPriority(r)
-	}
 	b.rp.ServeHTTP(rec, r)
 	if rec.code >= 500 || (rec.proxyErr && rec.code != 0) {
 		b.failedAt.Store(time.Now().UnixNano())
@@ -667,14 +605,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	// as it had the last byte) is a forwarded answer.
 	switch {
 	case rec.proxyErr && rec.code == 0:
-		st.reason = ReasonCancelled // the client left before the backend answered
+		flowhttp.SetReason(w, ReasonCancelled) // the client left before the backend answered
 	case rec.proxyErr:
-		st.reason = ReasonBackendError
+		flowhttp.SetReason(w, ReasonBackendError)
 	}
 }
 
 // forwardBuffered gives the outbound request a fresh reader of the body
-// flowhttp (or stripPriority) buffered, in place of httputil's wrapper of the
+// flowhttp buffered (its priority rewritten or not), in place of httputil's wrapper of the
 // inbound body. net/http sends an in-memory body in the same write as the
 // headers, but it flushes the headers first for any other reader, and
 // httputil's wrapper is one: a write syscall more per request, several per
@@ -835,7 +773,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.others, prometheus.GaugeValue, float64(b.shared.Others()), b.label)
 		}
 	}
-	for _, r := range c.p.poller.Readings() {
+	for _, r := range c.p.gw.Poller().Readings() {
 		b := c.p.byMetric[r.Endpoint]
 		if b == nil {
 			continue

@@ -1,0 +1,371 @@
+package flowhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowmetrics"
+	"github.com/flowgate/flowgate/saturation"
+)
+
+// Errors of a Gateway's life.
+var (
+	// ErrInvalidConfig: NewGateway was given a configuration it cannot
+	// run; the message names the field.
+	ErrInvalidConfig = errors.New("flowhttp: invalid gateway configuration")
+	// ErrStarted: Start or Serve on a gateway already running.
+	ErrStarted = errors.New("flowhttp: gateway already started")
+	// ErrGatewayClosed: Start or Serve on a gateway that was closed.
+	ErrGatewayClosed = errors.New("flowhttp: gateway closed")
+)
+
+// DefaultMetricsPath is where GatewayConfig.Endpoints serve their metrics
+// (vLLM's and SGLang's path).
+const DefaultMetricsPath = "/metrics"
+
+// DefaultBands is GatewayConfig.Flow.Bands' default: llm-d's two objectives,
+// critical (band 0, never gated by the soft-reflective ceiling) and
+// sheddable. Their queues are long enough for a burst of a few seconds of a
+// busy pool; a sheddable request that waited two minutes is refused 503
+// expired rather than served after its client gave up.
+func DefaultBands() []flowcontrol.BandConfig {
+	return []flowcontrol.BandConfig{
+		{Name: "critical", Capacity: 1024, MaxWait: 30 * time.Second},
+		{Name: "sheddable", Capacity: 4096, MaxWait: 2 * time.Minute},
+	}
+}
+
+// GatewayConfig configures NewGateway. Every zero field takes a default
+// that protects: soft-reflective over DefaultBands, vLLM's metrics, the
+// in-flight credit on, and Options' safe zero values.
+type GatewayConfig struct {
+	// Endpoints are the model servers' base URLs
+	// ("http://10.0.0.7:8000"), the names the host gives Forward.
+	// Required.
+	Endpoints []string
+	// MetricsPath is where each endpoint serves its Prometheus metrics.
+	// Empty: DefaultMetricsPath.
+	MetricsPath string
+	// Flow configures the controller: Bands (nil: DefaultBands()),
+	// Policy (nil: soft-reflective), Burst, Tick, Pacing, Now. Source
+	// must be nil: the gateway's saturation is the poller's, plus the
+	// credit below.
+	Flow flowcontrol.Config
+	// Admitter, if set, sheds at the door (flowcontrol.ControllerConfig).
+	Admitter flowcontrol.Admitter
+	// OnOutcome, if set, is called with every queued request's outcome,
+	// after the metrics have counted it (flowcontrol.ControllerConfig).
+	OnOutcome func(band int, outcome error, waited time.Duration)
+	// Poller configures the scraping of the endpoints' metrics (interval,
+	// timeout, scorer, metric names: zero fields are the poller's
+	// defaults). Endpoints must be empty (they come from Endpoints) and
+	// InFlight nil (the gateway counts through Forward);
+	// Scorer.InFlightCredit is set from NoCredit. PeerInFlight adds
+	// other gateway replicas' requests (redisshare.Endpoint.Others).
+	Poller saturation.PollerConfig
+	// NoCredit turns the in-flight credit off: the saturation is then
+	// only what the scraped metrics said at the last scrape. With it on
+	// (the default), a request counts at once as waiting on its
+	// endpoint, from its release by the controller (before the host has
+	// even chosen the endpoint) to the scrape that sees it, and an open
+	// band re-reads the saturation after every release from a backlog
+	// (flowcontrol.Pacing.Recheck): without both, a backlog built while
+	// its band was gated reaches the pool in one tick the moment a
+	// reading dips, and every request released between two scrapes is
+	// invisible to the gate (see the package documentation).
+	NoCredit bool
+	// HTTP configures the gate (classification, body bounds, OnFinish).
+	HTTP Options
+	// Metrics configures the collector Collector returns; BandNames is
+	// filled from the bands.
+	Metrics flowmetrics.Options
+}
+
+// Gateway is a protected inference gateway short of its routing: the
+// metrics poller of the model servers, the in-flight credit, the
+// flowcontrol.Controller, the HTTP gate and its metrics, wired as
+// examples/proxy runs them. The host routes: its handler, wrapped by
+// Handler, picks an endpoint however it likes and calls Forward with it.
+//
+// A Gateway is safe for concurrent use. Its zero value is not usable: call
+// NewGateway.
+type Gateway struct {
+	endpoints []string
+	metrics   map[string]string // base URL → its metrics URL (the poller's name for it)
+	poller    *saturation.Poller
+	ctrl      *flowcontrol.Controller
+	gate      *gate
+	col       *flowmetrics.Collector
+	extra     *gatewayCollector
+	credit    *releaseCredit // nil with NoCredit
+
+	mu      sync.Mutex
+	state   int // 0 new, 1 running, 2 closed
+	cancel  context.CancelFunc
+	stopped chan struct{} // closed when the controller and poller have returned
+}
+
+// NewGateway validates cfg and builds the gateway; Start (or Serve) runs it.
+// Every error wraps ErrInvalidConfig (or the package's own sentinel that
+// caused it) and names the field.
+func NewGateway(cfg GatewayConfig) (*Gateway, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, fmt.Errorf("%w: Endpoints is empty", ErrInvalidConfig)
+	}
+	if cfg.Flow.Source != nil {
+		return nil, fmt.Errorf("%w: Flow.Source must be nil: the gateway reads its poller", ErrInvalidConfig)
+	}
+	if len(cfg.Poller.Endpoints) != 0 || cfg.Poller.InFlight != nil {
+		return nil, fmt.Errorf("%w: Poller.Endpoints and Poller.InFlight must be unset: the endpoints are GatewayConfig.Endpoints, counted by Forward", ErrInvalidConfig)
+	}
+	path := cfg.MetricsPath
+	if path == "" {
+		path = DefaultMetricsPath
+	}
+	g := &Gateway{metrics: map[string]string{}}
+	urls := make([]string, 0, len(cfg.Endpoints))
+	for i, raw := range cfg.Endpoints {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: Endpoints[%d] %q is not an http(s) base URL", ErrInvalidConfig, i, raw)
+		}
+		if _, dup := g.metrics[raw]; dup {
+			return nil, fmt.Errorf("%w: Endpoints[%d] %q is listed twice", ErrInvalidConfig, i, raw)
+		}
+		m := u.JoinPath(path).String()
+		g.metrics[raw] = m
+		g.endpoints = append(g.endpoints, raw)
+		urls = append(urls, m)
+	}
+	pc := cfg.Poller
+	pc.Endpoints = urls
+	pc.Scorer.InFlightCredit = !cfg.NoCredit
+	poller, err := saturation.NewPoller(pc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Poller: %w", ErrInvalidConfig, err)
+	}
+	g.poller = poller
+
+	fc := cfg.Flow
+	if fc.Bands == nil {
+		fc.Bands = DefaultBands()
+	}
+	var src flowcontrol.SaturationSource = poller
+	if !cfg.NoCredit {
+		g.credit = newReleaseCredit(poller, pc.Scorer.QueueDepthThreshold, len(urls))
+		src = g.credit
+		// A release is charged the moment it happens: re-reading while an
+		// open band drains a backlog stops the drain as soon as the
+		// gate closes (without the credit a re-read would see the same
+		// reading, so it is only paid for with it).
+		fc.Pacing.Recheck = true
+	}
+	fc.Source = src
+	mo := cfg.Metrics
+	mo.BandNames = make([]string, len(fc.Bands))
+	for i, b := range fc.Bands {
+		mo.BandNames[i] = b.Name
+		if b.Name == "" {
+			mo.BandNames[i] = fmt.Sprintf("band%d", i)
+		}
+	}
+	g.col, err = flowmetrics.New(len(fc.Bands), mo)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Metrics: %w", ErrInvalidConfig, err)
+	}
+	onOutcome := g.col.OnOutcome
+	if user := cfg.OnOutcome; user != nil {
+		onOutcome = func(band int, outcome error, waited time.Duration) {
+			g.col.OnOutcome(band, outcome, waited)
+			user(band, outcome, waited)
+		}
+	}
+	g.ctrl, err = flowcontrol.NewController(flowcontrol.ControllerConfig{Config: fc, OnOutcome: onOutcome, Admitter: cfg.Admitter})
+	if err != nil {
+		return nil, fmt.Errorf("%w: Flow: %w", ErrInvalidConfig, err)
+	}
+	if err := g.col.Bind(g.ctrl); err != nil {
+		return nil, fmt.Errorf("%w: Metrics: %w", ErrInvalidConfig, err)
+	}
+	g.gate, err = newGate(g.ctrl, cfg.HTTP)
+	if err != nil {
+		return nil, fmt.Errorf("%w: HTTP: %w", ErrInvalidConfig, err)
+	}
+	if g.credit != nil {
+		g.credit.ctrl.Store(g.ctrl)
+		g.credit.forwarded = &g.gate.forwarded
+	}
+	g.extra = newGatewayCollector(g, mo)
+	return g, nil
+}
+
+// Handler returns the gate around next, the host's forwarding handler: a
+// gated request reaches next once the controller releases it, with its body
+// buffered (see the package documentation). next calls Forward with the
+// endpoint it sends the request to. Handlers from several calls share the
+// gateway's queues and budgets.
+func (g *Gateway) Handler(next http.Handler) http.Handler { return &handler{gate: g.gate, next: next} }
+
+// Forward tells the gateway that the request w answers is being sent to
+// endpoint (one of GatewayConfig.Endpoints, as written there), and returns
+// the function to call when the endpoint is done with it (its response
+// copied, or the stream ended, or the attempt failed). Call it from the
+// handler Handler wraps, right before sending; done may be called more than
+// once. The request counts at once in the endpoint's in-flight credit, so
+// the saturation moves before the next scrape. A request retried on another
+// endpoint calls Forward again (and the first done); an endpoint the
+// gateway does not know is not counted.
+func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) {
+	if rec := recorderOf(w); rec != nil && rec.gate == g.gate && !rec.forwarded {
+		// From here on the poller counts it: it leaves the gap between
+		// release and forwarding that releaseCredit charges (until the
+		// handler returns, see ServeHTTP).
+		rec.forwarded = true
+		g.gate.forwarded.Add(1)
+	}
+	m, ok := g.metrics[endpoint]
+	if !ok || !g.poller.Dispatched(m) {
+		return func() {}
+	}
+	var once atomic.Bool
+	return func() {
+		if once.CompareAndSwap(false, true) {
+			g.poller.Finished(m)
+		}
+	}
+}
+
+// Critical reports whether a request's headers place it in band 0 (its
+// objective, or DefaultObjective when it names none): what a server keeps
+// its reserved connections for (ServerConfig.ReservedConns).
+func (g *Gateway) Critical(h http.Header) bool { return g.gate.preBand(h) == 0 }
+
+// Endpoints returns the endpoints' base URLs, in configuration order.
+func (g *Gateway) Endpoints() []string { return append([]string(nil), g.endpoints...) }
+
+// Controller returns the flow controller (Stats, Bands, InFlight).
+func (g *Gateway) Controller() *flowcontrol.Controller { return g.ctrl }
+
+// Poller returns the metrics poller (Readings: which endpoints read
+// usable, and why not).
+func (g *Gateway) Poller() *saturation.Poller { return g.poller }
+
+// Saturation is what the controller reads: the pool's scraped saturation
+// with the in-flight credit, plus the releases not yet forwarded.
+func (g *Gateway) Saturation() float64 {
+	if g.credit != nil {
+		return g.credit.Saturation()
+	}
+	return g.poller.Saturation()
+}
+
+// Collector returns the gateway's metrics, to register with a Prometheus
+// registry: flowmetrics' (queue depth, outcomes, waits, saturation, gates
+// per band), the bytes of request bodies held, and per endpoint the score,
+// queue, KV-cache usage and requests in flight the poller last saw.
+func (g *Gateway) Collector() prometheus.Collector { return g.extra }
+
+// Start runs the controller and the poller until ctx is done or Close; the
+// controller is running when Start returns, so no request sees
+// ErrNotRunning. It fails with ErrStarted or ErrGatewayClosed.
+func (g *Gateway) Start(ctx context.Context) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch g.state {
+	case 1:
+		return ErrStarted
+	case 2:
+		return ErrGatewayClosed
+	}
+	g.state = 1
+	ctx, g.cancel = context.WithCancel(ctx)
+	g.stopped = make(chan struct{})
+	ran := g.ctrl.Start(ctx)
+	polled := make(chan struct{})
+	go func() { defer close(polled); _ = g.poller.Run(ctx) }()
+	go func() {
+		<-ran
+		<-polled
+		close(g.stopped)
+	}()
+	return nil
+}
+
+// Drain is the first step of a graceful shutdown: every queued request is
+// answered 503 shutting-down, and so is every request that arrives later.
+// Requests already released go on; call Close once they have finished (for
+// example after http.Server.Shutdown returns).
+func (g *Gateway) Drain() { g.ctrl.Close() }
+
+// Close drains and stops the controller and the poller and waits for their
+// goroutines. Idempotent.
+func (g *Gateway) Close() {
+	g.ctrl.Close()
+	g.mu.Lock()
+	stopped := g.stopped
+	if g.cancel != nil {
+		g.cancel()
+	}
+	g.state = 2
+	g.mu.Unlock()
+	if stopped != nil {
+		<-stopped
+	}
+	_ = g.poller.Close()
+}
+
+// releaseCredit is the controller's saturation source when the in-flight
+// credit is on: the poller's saturation plus the requests the controller
+// has released that the host has not yet Forwarded.
+//
+// Why: the poller credits a request when the host names its endpoint
+// (Forward), but the controller releases it earlier, on its own goroutine,
+// and the request's goroutine forwards it a scheduling delay later. A
+// backlog released in one drain is therefore invisible to the gate that
+// drains it, and Pacing.Recheck would re-read an unchanged saturation (20 of
+// 20 queued requests reached one idle pod in the example proxy's
+// TestProxyBacklogDoesNotFloodOnReopen without this). Controller.InFlight
+// counts a release before its waiter wakes, forwarded counts the released
+// requests handed to the poller and not finished, and their difference is
+// what neither has counted.
+//
+// Each such request is charged as one waiting request on one of the N pods
+// (1/(Q·N) of pool score), what the poller will charge once it is forwarded
+// if the pod's queue term dominates; where the KV term does, the charge is
+// an overestimate for that brief gap, erring towards gating.
+type releaseCredit struct {
+	poller    *saturation.Poller
+	ctrl      atomic.Pointer[flowcontrol.Controller]
+	forwarded *atomic.Int64 // the gate's: released requests Forwarded and not finished
+	per       float64       // pool score of one waiting request: 1/(Q·N)
+}
+
+func newReleaseCredit(p *saturation.Poller, queueThreshold float64, pods int) *releaseCredit {
+	if queueThreshold <= 0 {
+		queueThreshold = saturation.DefaultQueueDepthThreshold
+	}
+	return &releaseCredit{poller: p, per: 1 / (queueThreshold * float64(max(pods, 1)))}
+}
+
+// Saturation implements flowcontrol.SaturationSource.
+func (c *releaseCredit) Saturation() float64 {
+	s := c.poller.Saturation()
+	if ctrl := c.ctrl.Load(); ctrl != nil && c.forwarded != nil {
+		if gap := ctrl.InFlight() - c.forwarded.Load(); gap > 0 {
+			s += float64(gap) * c.per
+		}
+	}
+	return s
+}
+
+// ReadingSeq implements flowcontrol.ReadingSource: the poller's readings.
+func (c *releaseCredit) ReadingSeq() uint64 { return c.poller.ReadingSeq() }

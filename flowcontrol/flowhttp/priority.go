@@ -1,0 +1,126 @@
+package flowhttp
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+)
+
+// Convention is a model server's reading of the request body's integer
+// "priority" field. flowhttp reads it to place a request no objective header
+// places, and writes it (Options.ForwardPriority PrioritySet) so that the
+// server's own scheduler orders and preempts by the gateway's band.
+type Convention int
+
+const (
+	// ConventionVLLM is vLLM's (--scheduling-policy priority): lower is
+	// more urgent, default 0. Priority p places a request in band
+	// clamp(p, 0, bands−1); band i is written as i.
+	ConventionVLLM Convention = iota
+	// ConventionSGLang is SGLang's default (--enable-priority-scheduling
+	// without --schedule-low-priority-values-first): higher is more
+	// urgent. Priority p places a request in band clamp(bands−1−p, 0,
+	// bands−1); band i is written as bands−1−i, so the critical band 0
+	// has the highest value.
+	ConventionSGLang
+)
+
+// band is the band of body priority p among n bands.
+func (c Convention) band(p int64, n int) int {
+	if c == ConventionSGLang {
+		p = int64(n-1) - min(max(p, -1), int64(n)) // clamped first: no overflow
+	}
+	return int(min(max(p, 0), int64(n-1)))
+}
+
+// value is the body priority that stands for band b among n bands.
+func (c Convention) value(b, n int) int {
+	if c == ConventionSGLang {
+		return n - 1 - b
+	}
+	return b
+}
+
+// PriorityMode says what flowhttp does to the body's "priority" field of a
+// released request (Options.ForwardPriority).
+type PriorityMode int
+
+const (
+	// PriorityKeep forwards the body as the client sent it.
+	PriorityKeep PriorityMode = iota
+	// PrioritySet writes the request's band, in Options.Priority's
+	// convention, into the body's top-level "priority" (added or
+	// replaced), so the model server schedules by the gateway's band.
+	// The server must run with priority scheduling on: vLLM refuses a
+	// non-zero priority otherwise.
+	PrioritySet
+	// PriorityStrip removes the body's top-level "priority".
+	PriorityStrip
+)
+
+// BodyPriority returns the top-level integer "priority" of a JSON object
+// body (vLLM's and SGLang's request field). It reports false for anything
+// else: not JSON, not an object, no such key, or a value that is not an
+// integer in int64 range (1.5, "1", 1e3, null). Keys match exactly
+// ("PRIORITY" is not "priority"), as the servers read them.
+func BodyPriority(body []byte) (int64, bool) {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return 0, false
+	}
+	// Cheap exit for the common request without a priority: the key is
+	// written either literally or with a \u escape (no other JSON escape
+	// can spell one of its letters), so a body with neither has no such key
+	// and would decode to the same answer.
+	if !bytes.Contains(body, []byte("priority")) && !bytes.Contains(body, []byte(`\u`)) {
+		return 0, false
+	}
+	// A map, not a struct: encoding/json matches struct fields without
+	// regard to case.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return 0, false
+	}
+	raw, ok := fields["priority"]
+	if !ok {
+		return 0, false
+	}
+	p, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return p, true
+}
+
+// rewritePriority returns body with its top-level "priority" set to value
+// (PrioritySet) or removed (PriorityStrip). A body that is not a JSON object
+// is returned as it is: the model server judges it. Only the priority
+// changes: every other field is copied as its raw JSON (their order becomes
+// sorted).
+func rewritePriority(body []byte, mode PriorityMode, value int) []byte {
+	t := bytes.TrimSpace(body)
+	if len(t) == 0 || t[0] != '{' {
+		return body
+	}
+	if mode == PriorityStrip && !bytes.Contains(t, []byte("priority")) && !bytes.Contains(t, []byte(`\u`)) {
+		return body // nothing to strip
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(t, &fields) != nil || fields == nil {
+		return body
+	}
+	switch mode {
+	case PrioritySet:
+		fields["priority"] = json.RawMessage(strconv.Itoa(value))
+	case PriorityStrip:
+		if _, ok := fields["priority"]; !ok {
+			return body
+		}
+		delete(fields, "priority")
+	}
+	out, err := json.Marshal(fields)
+	if err != nil {
+		return body
+	}
+	return out
+}
