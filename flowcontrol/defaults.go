@@ -6,7 +6,7 @@ import "time"
 // Keep every default here, in one place.
 //
 // Why these: open bands release everything on arrival (no budget), so the
-// defaults only shape gated bands. The README's pacing sweep ("Dispatch
+// defaults only shape gated bands. examples/sim/README.md's pacing sweep ("Dispatch
 // discipline: the pacing sweep") compared tick, completion, reading and
 // floor pacing, with and without Recheck and in-flight credit, at every
 // published point over five seeds: the candidates that protect critical

@@ -58,7 +58,7 @@ type options struct {
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its
 // dispatched-but-not-yet-visible requests to each pod's waiting count (chosen by the
-// sweep; see the README).
+// sweep; see README.md next to this file).
 const DefaultCredit = false
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {

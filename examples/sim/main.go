@@ -3,7 +3,7 @@
 // seeds, no flow control, llm-d parity (flowcontrol.LLMDDispatcher with llm-d's static
 // and soft-reflective policies), flowgate's static and soft-reflective policies and the
 // critical-only floor. -format json writes JSON Lines (one object per workload, qps,
-// policy, seed); -fit prints the calibration fit. See the README's Simulator section.
+// policy, seed); -fit prints the calibration fit. See README.md next to this file.
 package main
 
 import (

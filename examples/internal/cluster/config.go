@@ -104,7 +104,7 @@ type Config struct {
 	Capacity                    int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
 	Replica                     vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
-	// (0 = 4096); see the package README section on tick skipping.
+	// (0 = 4096); see "Skipping ticks" in examples/sim/README.md.
 	CatchUp int
 	// ClientTimeout is how long a client waits for its request to complete before it
 	// gives up; the request is then aborted wherever it is (gateway queue or replica).

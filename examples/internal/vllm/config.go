@@ -56,8 +56,8 @@ type Config struct {
 	PriorityScheduling bool
 }
 
-// Qwen3-14B on one H100-SXM-80GB, derived in CALIBRATION.md (see the README's Simulator
-// section for the arithmetic and for why each coefficient has the value it has).
+// Qwen3-14B on one H100-SXM-80GB, derived in CALIBRATION.md (see examples/sim/README.md
+// for the arithmetic and for why each coefficient has the value it has).
 const (
 	// kvBytesPerToken = 2 (K,V) · 40 layers · 8 KV heads · 128 head_dim · 2 bytes (bf16).
 	kvBytesPerToken = 2 * 40 * 8 * 128 * 2
@@ -83,7 +83,7 @@ func DefaultConfig() Config {
 }
 
 // FittedStepModel is the step model fitted to the published hardware points with llm-d
-// parity as the baseline (issue 11; the README's "Calibration: step time" has the grid
+// parity as the baseline (issue 11; examples/sim/README.md's "Calibration: step time" has the grid
 // search and the fit table): prefill 59 µs/token (26.4 GFLOP at 45 % of 989 TFLOP/s,
 // inside the 45–50 % MFU estimate, above the 44.5 µs bound of 60 % MFU), decode
 // 35 µs/token, context read 145 ns/token (160 KiB at 1.13 TB/s, a third of the HBM peak;
