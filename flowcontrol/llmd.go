@@ -237,9 +237,12 @@ type LLMDDispatcher[T any] struct {
 // NewLLMDDispatcher validates cfg and returns a dispatcher. Errors wrap
 // ErrInvalidConfig and name the field.
 func NewLLMDDispatcher[T any](cfg LLMDDispatcherConfig[T]) (*LLMDDispatcher[T], error) {
-	bands, err := (&Config{Bands: cfg.Bands, Source: cfg.Source}).check()
+	bands, err := CheckBands(cfg.Bands)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Source == nil {
+		return nil, fmt.Errorf("%w: Source is nil", ErrInvalidConfig)
 	}
 	for i, b := range bands {
 		// The model is llm-d's default, global-strict: one FIFO per
