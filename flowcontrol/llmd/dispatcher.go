@@ -363,8 +363,8 @@ func (d *Dispatcher[T]) sweepAll(i int, b *bandQueue[T], now int64) {
 
 // Stats is a snapshot of a Dispatcher's counters.
 type Stats struct {
-	Cycles uint64 // cycles run (Skip's included)
-	Bands  []BandStats
+	Cycles uint64      // cycles run (Skip's included)
+	Bands  []BandStats // per band, band 0 first
 }
 
 // BandStats is the part of Stats for one band.

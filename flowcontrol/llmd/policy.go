@@ -10,8 +10,9 @@ import (
 // UsageLimitPolicy is llm-d's usage-limit policy: once per dispatch cycle it gives
 // every band a ceiling, and a band whose ceiling is at or below the pool's saturation
 // halts the cycle (saturation >= ceiling). Band 0 is the highest priority. Ceilings are
-// non-increasing by priority. Static and SoftReflective are llm-d's two; it is not
-// flowcontrol.CeilingPolicy, which is a pure per-band gate.
+// non-increasing by priority. Static and SoftReflective implement it (llm-d's
+// priority-holdback-policy is not modelled). It is not flowcontrol.CeilingPolicy,
+// which is a pure per-band gate.
 type UsageLimitPolicy interface {
 	// ComputeLimit writes the ceiling of every band (len(ceilings) bands) for one cycle
 	// at the given saturation. It is called exactly once per cycle and may advance
@@ -27,7 +28,8 @@ type UsageLimitPolicy interface {
 }
 
 // DefaultThreshold is the threshold of llm-d's static-usage-limit-policy when its
-// configuration gives none, and the policy of a DispatcherConfig without one.
+// configuration gives none. NewStatic(DefaultThreshold) is also the policy of a
+// DispatcherConfig that sets none.
 const DefaultThreshold = 1.0
 
 // Static is llm-d's static-usage-limit-policy: one threshold for every band.
