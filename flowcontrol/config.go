@@ -177,13 +177,39 @@ func dueAt(now, wait int64) int64 {
 // check validates c and returns its bands with names defaulted. Errors wrap
 // ErrInvalidConfig and name the field.
 func (c *Config) check() ([]BandConfig, error) {
-	n := len(c.Bands)
+	bands, err := CheckBands(c.Bands)
+	if err != nil {
+		return nil, err
+	}
+	if c.Source == nil {
+		return nil, fmt.Errorf("%w: Source is nil", ErrInvalidConfig)
+	}
+	if c.Burst < 0 {
+		return nil, fmt.Errorf("%w: Burst must be ≥ 0 (0 = default %d), got %d", ErrInvalidConfig, DefaultBurst, c.Burst)
+	}
+	if c.Pacing.Floor < 0 {
+		return nil, fmt.Errorf("%w: Pacing.Floor must be ≥ 0 (0 = none), got %v", ErrInvalidConfig, c.Pacing.Floor)
+	}
+	if c.Tick != 0 && c.Tick < MinTick {
+		return nil, fmt.Errorf("%w: Tick must be 0 (default %v) or ≥ %v, got %v", ErrInvalidConfig, DefaultTick, MinTick, c.Tick)
+	}
+	return bands, nil
+}
+
+// CheckBands validates bands as NewDispatcher and NewController validate
+// their Config.Bands (1..MaxBands entries; each band's name, Capacity, MaxWait,
+// MaxBytes and fairness fields) and returns a copy with empty names
+// defaulted to "band<i>". Errors wrap ErrInvalidConfig and name the field
+// ("Bands[1].Capacity"). It is for hosts that build their own discipline
+// over flowgate's band configuration, such as package flowcontrol/llmd.
+func CheckBands(bands []BandConfig) ([]BandConfig, error) {
+	n := len(bands)
 	if n < 1 || n > MaxBands {
 		return nil, fmt.Errorf("%w: Bands must hold 1..%d bands, got %d", ErrInvalidConfig, MaxBands, n)
 	}
-	bands := make([]BandConfig, n)
+	out := make([]BandConfig, n)
 	seen := make(map[string]int, n)
-	for i, b := range c.Bands {
+	for i, b := range bands {
 		if b.Name == "" {
 			b.Name = "band" + strconv.Itoa(i)
 		}
@@ -206,21 +232,9 @@ func (c *Config) check() ([]BandConfig, error) {
 		if err := checkFairness(i, &b); err != nil {
 			return nil, err
 		}
-		bands[i] = b
+		out[i] = b
 	}
-	if c.Source == nil {
-		return nil, fmt.Errorf("%w: Source is nil", ErrInvalidConfig)
-	}
-	if c.Burst < 0 {
-		return nil, fmt.Errorf("%w: Burst must be ≥ 0 (0 = default %d), got %d", ErrInvalidConfig, DefaultBurst, c.Burst)
-	}
-	if c.Pacing.Floor < 0 {
-		return nil, fmt.Errorf("%w: Pacing.Floor must be ≥ 0 (0 = none), got %v", ErrInvalidConfig, c.Pacing.Floor)
-	}
-	if c.Tick != 0 && c.Tick < MinTick {
-		return nil, fmt.Errorf("%w: Tick must be 0 (default %v) or ≥ %v, got %v", ErrInvalidConfig, DefaultTick, MinTick, c.Tick)
-	}
-	return bands, nil
+	return out, nil
 }
 
 // checkName refuses names that would make metrics, logs or HTTP headers

@@ -33,9 +33,9 @@
 // (one threshold for every band) and SoftReflective (band 0 never gated;
 // band i's ceiling 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it,
 // blocked at 0). Their maths lives in policy.go; the tick loop in
-// dispatcher.go. LLMDDispatcher (llmd.go) is llm-d's own discipline — one
-// item per cycle, strict priority, halting at the first gated band — kept
-// for comparison and for hosts migrating from llm-d.
+// dispatcher.go. llm-d's own discipline — one item per cycle, strict
+// priority, halting at the first gated band — is reproduced, for comparison
+// only, in package flowcontrol/llmd, which imports this one.
 //
 // # Outcomes
 //

@@ -47,6 +47,10 @@ func TestConfigValidation(t *testing.T) {
 		checkInvalid(t, "NewDispatcher", tc.field, err)
 		_, err = flowcontrol.NewController(flowcontrol.ControllerConfig{Config: cfg})
 		checkInvalid(t, "NewController", tc.field, err)
+		if strings.HasPrefix(tc.field, "Bands") {
+			_, err = flowcontrol.CheckBands(cfg.Bands)
+			checkInvalid(t, "CheckBands", tc.field, err)
+		}
 	}
 	_, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{Config: base()})
 	checkInvalid(t, "NewDispatcher", "Dispatch", err)
@@ -72,6 +76,16 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if got := d.BandConfigs(); got[0].Name != "band0" || got[1].Name != "band1" {
 		t.Errorf("default names %q %q", got[0].Name, got[1].Name)
+	}
+	// CheckBands defaults the names in a copy, leaving its argument alone.
+	in := bandsOf(2, 8)
+	in[1].Name = "sheddable"
+	got, err := flowcontrol.CheckBands(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Name != "band0" || got[1].Name != "sheddable" || in[0].Name != "" || &got[0] == &in[0] {
+		t.Errorf("CheckBands names %q %q, input %q", got[0].Name, got[1].Name, in[0].Name)
 	}
 }
 

@@ -1,7 +1,7 @@
 // Command sim runs the deterministic vLLM-pool simulator with the library's dispatchers
 // in the loop and compares, at every published workload and QPS point over several
-// seeds, no flow control, llm-d parity (flowcontrol.LLMDDispatcher with llm-d's static
-// and soft-reflective policies), flowgate's static and soft-reflective policies and the
+// seeds, no flow control, llm-d parity (package flowcontrol/llmd: llmd.Dispatcher with
+// llm-d's static and soft-reflective policies), flowgate's static and soft-reflective policies and the
 // critical-only floor. -format json writes JSON Lines (one object per workload, qps,
 // policy, seed); -fit prints the calibration fit. See README.md next to this file.
 package main

@@ -21,9 +21,9 @@ const (
 	// Static and SoftReflective are flowgate's policies in flowcontrol.Dispatcher.
 	Static         = "static"
 	SoftReflective = "soft-reflective"
-	// LLMDStatic and LLMDSoftReflective are llm-d parity: flowcontrol.LLMDDispatcher
-	// (one item per cycle, strict priority, halt at the first gated band) with
-	// flowcontrol.LLMDStatic(1.0) or flowcontrol.LLMDSoftReflective().
+	// LLMDStatic and LLMDSoftReflective are llm-d parity: llmd.Dispatcher (package
+	// flowcontrol/llmd: one item per cycle, strict priority, halt at the first gated
+	// band) with llmd.NewStatic(1.0) or llmd.NewSoftReflective().
 	LLMDStatic         = "llmd-static"
 	LLMDSoftReflective = "llmd-soft-reflective"
 	// Floor is the same critical arrivals with no sheddable traffic, dispatched on

@@ -10,6 +10,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/llmd"
 	"github.com/flowgate/flowgate/saturation"
 )
 
@@ -84,9 +85,9 @@ type request struct {
 }
 
 type gateway struct {
-	d        *flowcontrol.Dispatcher[int32]     // Static, SoftReflective
-	l        *flowcontrol.LLMDDispatcher[int32] // LLMDStatic, LLMDSoftReflective
-	llmdSoft *flowcontrol.LLMDSoftReflectivePolicy
+	d        *flowcontrol.Dispatcher[int32] // Static, SoftReflective
+	l        *llmd.Dispatcher[int32]        // LLMDStatic, LLMDSoftReflective
+	llmdSoft *llmd.SoftReflective
 	admit    *flowcontrol.Probabilistic // Config.Admission
 	gen      *workload.Generator
 	next     workload.Arrival
@@ -289,7 +290,7 @@ func run(cfg Config) (*sim, error) {
 			s.push(int64(cfg.SharedInFlight)*int64(g)/int64(cfg.Gateways), evSync, gi)
 		}
 		if gw.l != nil {
-			s.push(int64(flowcontrol.LLMDCleanupInterval), evSweep, gi)
+			s.push(int64(llmd.CleanupInterval), evSweep, gi)
 		}
 		if cfg.noSkip {
 			s.schedule(gw, gi)
@@ -339,8 +340,8 @@ func (s *sim) loop() {
 }
 
 // newGatewayQueue builds gateway gi's flow control for the configured policy: the
-// library's Dispatcher (flowgate's policies) or LLMDDispatcher (llm-d parity); None and
-// Floor have none. The only place the simulator constructs a flowcontrol dispatcher.
+// library's Dispatcher (flowgate's policies) or llmd.Dispatcher (llm-d parity); None and
+// Floor have none. The only place the simulator constructs a dispatcher.
 func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 	cfg := s.cfg
 	abandoned := func(id int32) bool { return s.reqs[id].timedOut }
@@ -369,13 +370,13 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 		gw.d = d
 		return err
 	case cfg.llmd():
-		var p flowcontrol.LLMDUsageLimitPolicy = flowcontrol.LLMDStatic(flowcontrol.DefaultStaticThreshold)
+		var p llmd.UsageLimitPolicy = llmd.NewStatic(llmd.DefaultThreshold)
 		if cfg.Policy == LLMDSoftReflective {
-			gw.llmdSoft = flowcontrol.LLMDSoftReflective()
+			gw.llmdSoft = llmd.NewSoftReflective()
 			p = gw.llmdSoft
 		}
 		band := flowcontrol.BandConfig{Capacity: cfg.Capacity, MaxWait: cfg.LLMDTTL}
-		l, err := flowcontrol.NewLLMDDispatcher(flowcontrol.LLMDDispatcherConfig[int32]{
+		l, err := llmd.NewDispatcher(llmd.DispatcherConfig[int32]{
 			Bands:     []flowcontrol.BandConfig{band, band},
 			Policy:    p,
 			Source:    source{s, gw},
@@ -420,7 +421,7 @@ func (s *sim) regime(sat float64) int {
 	case Static, SoftReflective:
 		return regimeOf(s.policy.Gate(BandSheddable, bands, sat))
 	case LLMDStatic:
-		if sat >= flowcontrol.DefaultStaticThreshold {
+		if sat >= llmd.DefaultThreshold {
 			return 2
 		}
 	case LLMDSoftReflective:
@@ -459,7 +460,7 @@ func (s *sim) ticksBefore() int64 { return (s.now + s.tick - 1) / s.tick }
 // of them are stepped: on those ticks it could not release anything (its bands were
 // empty or blocked), so replaying only advances its per-band tick counts, which
 // saturate in effect once they exceed any Every the policy returns below the cap. For
-// llm-d parity LLMDDispatcher.Skip replays them exactly (the shared duty-cycle counter
+// llm-d parity llmd.Dispatcher.Skip replays them exactly (the shared duty-cycle counter
 // advances by their number).
 func (s *sim) catchUp(g *gateway) { s.catchUpTo(g, s.ticksBefore()-1) } // the last tick strictly before now
 
@@ -703,7 +704,7 @@ func (s *sim) sweep(g *gateway, gi int32) {
 	s.catchUp(g)
 	g.l.Sweep()
 	if s.arrivals > 0 || s.pending > 0 {
-		s.push(s.now+int64(flowcontrol.LLMDCleanupInterval), evSweep, gi)
+		s.push(s.now+int64(llmd.CleanupInterval), evSweep, gi)
 	}
 	s.schedule(g, gi)
 }

@@ -1,4 +1,4 @@
-package flowcontrol
+package llmd
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -18,28 +19,28 @@ func (s *setSat) Saturation() float64 { return s.v }
 
 type sent struct{ band, item int }
 
-func newLLMD(t *testing.T, p LLMDUsageLimitPolicy, bands int, src SaturationSource) (*LLMDDispatcher[int], *[]sent) {
+func newDispatcher(t *testing.T, p UsageLimitPolicy, bands int, src flowcontrol.SaturationSource) (*Dispatcher[int], *[]sent) {
 	t.Helper()
 	var out []sent
-	bs := make([]BandConfig, bands)
+	bs := make([]flowcontrol.BandConfig, bands)
 	for i := range bs {
 		bs[i].Capacity = 64
 	}
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
+	d, err := NewDispatcher(DispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
 		Dispatch: func(b, it int) { out = append(out, sent{b, it}) }})
 	require.NoError(t, err)
 	return d, &out
 }
 
-func TestLLMDPeriodTable(t *testing.T) {
+func TestPeriodTable(t *testing.T) {
 	for s, want := range map[float64]int64{0.5: 1, 0.55: 1, 0.6: 1, 0.65: 2, 0.7: 2, 0.75: 3, 0.8: 4, 0.9: 9, 0.99: 99} {
-		require.Equal(t, want, LLMDPeriod(s), "s=%v", s)
+		require.Equal(t, want, Period(s), "s=%v", s)
 	}
 }
 
 // openSequence returns, for k cycles at saturation s with two bands, whether band 1 was
 // open on each.
-func openSequence(p *LLMDSoftReflectivePolicy, s float64, k int) []bool {
+func openSequence(p *SoftReflective, s float64, k int) []bool {
 	c := make([]float64, 2)
 	var seq []bool
 	for range k {
@@ -49,12 +50,12 @@ func openSequence(p *LLMDSoftReflectivePolicy, s float64, k int) []bool {
 	return seq
 }
 
-func TestLLMDSoftReflectiveDutyCycleSequence(t *testing.T) {
-	require.Equal(t, []bool{false, true, false, true}, openSequence(LLMDSoftReflective(), 0.7, 4), "period 2: closed, open, closed, open")
-	require.Equal(t, []bool{false, false, true, false, false, true}, openSequence(LLMDSoftReflective(), 0.75, 6), "period 3: closed, closed, open")
-	require.Equal(t, []bool{true, true, true}, openSequence(LLMDSoftReflective(), 0.6, 3), "period 1: always open")
+func TestSoftReflectiveDutyCycleSequence(t *testing.T) {
+	require.Equal(t, []bool{false, true, false, true}, openSequence(NewSoftReflective(), 0.7, 4), "period 2: closed, open, closed, open")
+	require.Equal(t, []bool{false, false, true, false, false, true}, openSequence(NewSoftReflective(), 0.75, 6), "period 3: closed, closed, open")
+	require.Equal(t, []bool{true, true, true}, openSequence(NewSoftReflective(), 0.6, 3), "period 1: always open")
 	// The counter is incremented before the test and advances only while 0.5 <= s < 1.
-	p := LLMDSoftReflective()
+	p := NewSoftReflective()
 	openSequence(p, 0.3, 5)
 	openSequence(p, 1.0, 5)
 	openSequence(p, 7, 5)
@@ -64,9 +65,9 @@ func TestLLMDSoftReflectiveDutyCycleSequence(t *testing.T) {
 	require.Equal(t, []bool{true}, openSequence(p, 0.7, 1), "counter 2 after the increment: open at period 2")
 }
 
-func TestLLMDSoftReflectiveCeilings(t *testing.T) {
+func TestSoftReflectiveCeilings(t *testing.T) {
 	c := make([]float64, 3)
-	p := LLMDSoftReflective()
+	p := NewSoftReflective()
 	p.ComputeLimit(0.4, c)
 	require.Equal(t, []float64{1, 1, 1}, c, "below every reflective ceiling: open")
 	p.ComputeLimit(1, c)
@@ -87,18 +88,18 @@ func TestLLMDSoftReflectiveCeilings(t *testing.T) {
 	require.Equal(t, []float64{1, 1, 1}, c, "period 1")
 	require.EqualValues(t, 4, p.Counter())
 	// Idle advances exactly as ComputeLimit would.
-	q := LLMDSoftReflective()
+	q := NewSoftReflective()
 	q.Idle(0.75, 3, 3)
 	q.Idle(0.6, 3, 1)
 	q.Idle(0.3, 3, 100)
 	q.Idle(1.5, 3, 100)
 	require.Equal(t, p.Counter(), q.Counter())
-	require.EqualValues(t, 1, LLMDSoftReflective().TopCeiling(0.9))
+	require.EqualValues(t, 1, NewSoftReflective().TopCeiling(0.9))
 }
 
-func TestLLMDOneItemPerCycleStrictPriority(t *testing.T) {
+func TestOneItemPerCycleStrictPriority(t *testing.T) {
 	src := &setSat{0.2}
-	d, out := newLLMD(t, LLMDSoftReflective(), 2, src)
+	d, out := newDispatcher(t, NewSoftReflective(), 2, src)
 	for i := range 3 {
 		require.NoError(t, d.Enqueue(1, 10+i))
 		require.NoError(t, d.Enqueue(0, i))
@@ -111,10 +112,10 @@ func TestLLMDOneItemPerCycleStrictPriority(t *testing.T) {
 		"one item per cycle, band 0 first, an empty band skipped, FIFO within a band")
 }
 
-func TestLLMDHaltsAtFirstGatedBand(t *testing.T) {
+func TestHaltsAtFirstGatedBand(t *testing.T) {
 	// Band 0 halts at s >= 1 under llm-d's soft-reflective, so nothing goes.
 	src := &setSat{1}
-	d, out := newLLMD(t, LLMDSoftReflective(), 2, src)
+	d, out := newDispatcher(t, NewSoftReflective(), 2, src)
 	require.NoError(t, d.Enqueue(0, 1))
 	require.NoError(t, d.Enqueue(1, 2))
 	require.True(t, d.Halted())
@@ -128,7 +129,7 @@ func TestLLMDHaltsAtFirstGatedBand(t *testing.T) {
 	// A gated band halts the cycle before its emptiness is looked at: 3 bands at
 	// s = 0.75, band 1 empty and closed, band 2 has an item.
 	src.v = 0.75
-	d, out = newLLMD(t, LLMDSoftReflective(), 3, src)
+	d, out = newDispatcher(t, NewSoftReflective(), 3, src)
 	require.NoError(t, d.Enqueue(2, 7))
 	require.False(t, d.Cycle(), "counter 1: closed")
 	require.False(t, d.Cycle(), "counter 2: closed")
@@ -137,14 +138,14 @@ func TestLLMDHaltsAtFirstGatedBand(t *testing.T) {
 
 	// With a policy whose ceilings are not monotone (a user's), the halt at the first
 	// gated band is visible: band 1 gated, band 2 open, band 2's item does not go.
-	d, out = newLLMD(t, tableLLMD{{1, 0.1, 1}}, 3, src)
+	d, out = newDispatcher(t, tablePolicy{{1, 0.1, 1}}, 3, src)
 	require.NoError(t, d.Enqueue(2, 9))
 	require.False(t, d.Cycle(), "halted at band 1, band 2 not considered")
 	require.Empty(t, *out)
 
 	// llm-d static: one threshold for every band, the gate s >= threshold.
 	src.v = 0.8
-	d, out = newLLMD(t, LLMDStatic(0.8), 2, src)
+	d, out = newDispatcher(t, NewStatic(0.8), 2, src)
 	require.NoError(t, d.Enqueue(1, 1))
 	require.True(t, d.Halted())
 	require.False(t, d.Cycle(), "an empty gated band 0 still halts band 1")
@@ -153,16 +154,16 @@ func TestLLMDHaltsAtFirstGatedBand(t *testing.T) {
 	require.Equal(t, []sent{{1, 1}}, *out)
 }
 
-func TestLLMDSweepAndAbandon(t *testing.T) {
+func TestSweepAndAbandon(t *testing.T) {
 	now := time.Unix(100, 0)
 	gone := map[int]bool{}
 	var drops []string
 	var out []int
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: []BandConfig{{Capacity: 8}, {Capacity: 8, MaxWait: 10 * time.Second}},
+	d, err := NewDispatcher(DispatcherConfig[int]{Bands: []flowcontrol.BandConfig{{Capacity: 8}, {Capacity: 8, MaxWait: 10 * time.Second}},
 		Source: &setSat{2}, Dispatch: func(_, it int) { out = append(out, it) }, Now: func() time.Time { return now },
 		Abandoned: func(it int) bool { return gone[it] },
 		OnDrop: func(b, it int, r error) {
-			drops = append(drops, map[error]string{ErrExpired: "expired", ErrCancelled: "cancelled"}[r])
+			drops = append(drops, map[error]string{flowcontrol.ErrExpired: "expired", flowcontrol.ErrCancelled: "cancelled"}[r])
 		}})
 	require.NoError(t, err)
 	require.NoError(t, d.Enqueue(1, 1))
@@ -185,41 +186,41 @@ func TestLLMDSweepAndAbandon(t *testing.T) {
 	require.True(t, d.Cycle())
 	require.Equal(t, []int{4}, out, "order kept, the abandoned head skipped")
 	st := d.Stats()
-	require.Equal(t, LLMDBandStats{Queued: 0, Dispatched: 1, Expired: 1, Cancelled: 2}, st.Bands[1])
+	require.Equal(t, BandStats{Queued: 0, Dispatched: 1, Expired: 1, Cancelled: 2}, st.Bands[1])
 }
 
-func TestLLMDConfigErrors(t *testing.T) {
+func TestConfigErrors(t *testing.T) {
 	ok := func(int, int) {}
-	one := []BandConfig{{Capacity: 1}}
-	for field, cfg := range map[string]LLMDDispatcherConfig[int]{
+	one := []flowcontrol.BandConfig{{Capacity: 1}}
+	for field, cfg := range map[string]DispatcherConfig[int]{
 		"Bands":             {Source: &setSat{}, Dispatch: ok},
-		"Bands[1].Capacity": {Bands: []BandConfig{{Capacity: 1}, {}}, Source: &setSat{}, Dispatch: ok},
-		"Bands[0].MaxWait":  {Bands: []BandConfig{{Capacity: 1, MaxWait: -1}}, Source: &setSat{}, Dispatch: ok},
-		"Policy":            {Bands: one, Policy: LLMDStatic(0), Source: &setSat{}, Dispatch: ok},
+		"Bands[1].Capacity": {Bands: []flowcontrol.BandConfig{{Capacity: 1}, {}}, Source: &setSat{}, Dispatch: ok},
+		"Bands[0].MaxWait":  {Bands: []flowcontrol.BandConfig{{Capacity: 1, MaxWait: -1}}, Source: &setSat{}, Dispatch: ok},
+		"Policy":            {Bands: one, Policy: NewStatic(0), Source: &setSat{}, Dispatch: ok},
 		"Source":            {Bands: one, Dispatch: ok},
 		"Dispatch":          {Bands: one, Source: &setSat{}},
-		"Bands[0].Fairness": {Bands: []BandConfig{{Capacity: 1, Fairness: FairnessRoundRobin}}, Source: &setSat{}, Dispatch: ok},
+		"Bands[0].Fairness": {Bands: []flowcontrol.BandConfig{{Capacity: 1, Fairness: flowcontrol.FairnessRoundRobin}}, Source: &setSat{}, Dispatch: ok},
 	} {
-		_, err := NewLLMDDispatcher(cfg)
-		require.ErrorIs(t, err, ErrInvalidConfig, field)
+		_, err := NewDispatcher(cfg)
+		require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig, field)
 		require.True(t, strings.Contains(err.Error(), field), "%q names %s", err, field)
 	}
 	for _, th := range []float64{math.NaN(), -1, 1.5} {
-		_, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: one, Policy: LLMDStatic(th), Source: &setSat{}, Dispatch: ok})
-		require.ErrorIs(t, err, ErrInvalidConfig)
+		_, err := NewDispatcher(DispatcherConfig[int]{Bands: one, Policy: NewStatic(th), Source: &setSat{}, Dispatch: ok})
+		require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig)
 	}
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: one, Source: &setSat{}, Dispatch: ok})
+	d, err := NewDispatcher(DispatcherConfig[int]{Bands: one, Source: &setSat{}, Dispatch: ok})
 	require.NoError(t, err)
-	require.Equal(t, []BandConfig{{Name: "band0", Capacity: 1}}, d.BandConfigs())
-	require.ErrorIs(t, d.Enqueue(1, 0), ErrUnknownBand)
+	require.Equal(t, []flowcontrol.BandConfig{{Name: "band0", Capacity: 1}}, d.BandConfigs())
+	require.ErrorIs(t, d.Enqueue(1, 0), flowcontrol.ErrUnknownBand)
 	require.NoError(t, d.Enqueue(0, 0))
-	require.ErrorIs(t, d.Enqueue(0, 0), ErrQueueFull)
+	require.ErrorIs(t, d.Enqueue(0, 0), flowcontrol.ErrQueueFull)
 	require.EqualValues(t, 1, d.Stats().Bands[0].Rejected)
 }
 
-func TestLLMDRun(t *testing.T) {
+func TestRun(t *testing.T) {
 	got := make(chan int, 4)
-	d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: []BandConfig{{Capacity: 4}, {Capacity: 4}}, Policy: LLMDSoftReflective(), Source: &setSat{0.1},
+	d, err := NewDispatcher(DispatcherConfig[int]{Bands: []flowcontrol.BandConfig{{Capacity: 4}, {Capacity: 4}}, Policy: NewSoftReflective(), Source: &setSat{0.1},
 		Dispatch: func(_, it int) { got <- it }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -233,11 +234,11 @@ func TestLLMDRun(t *testing.T) {
 	require.True(t, errors.Is(<-done, context.Canceled))
 }
 
-// tableLLMD is a test policy whose ceilings cycle through a table, whatever the
+// tablePolicy is a test policy whose ceilings cycle through a table, whatever the
 // saturation: not monotone, so it exposes the head-of-line halt.
-type tableLLMD [][]float64
+type tablePolicy [][]float64
 
-func (p tableLLMD) ComputeLimit(_ float64, c []float64) {
+func (p tablePolicy) ComputeLimit(_ float64, c []float64) {
 	copy(c, p[0])
 	if len(p) > 1 {
 		first := append([]float64(nil), p[0]...)
@@ -245,12 +246,12 @@ func (p tableLLMD) ComputeLimit(_ float64, c []float64) {
 		p[len(p)-1] = first
 	}
 }
-func (p tableLLMD) Idle(float64, int, int64)   {}
-func (p tableLLMD) TopCeiling(float64) float64 { return p[0][0] }
+func (p tablePolicy) Idle(float64, int, int64)   {}
+func (p tablePolicy) TopCeiling(float64) float64 { return p[0][0] }
 
-// llmdModel is the discipline restated as plainly as possible, to check the dispatcher
+// model is the discipline restated as plainly as possible, to check the dispatcher
 // and the policies against.
-type llmdModel struct {
+type model struct {
 	bands   [][]int
 	soft    bool
 	thr     float64
@@ -259,7 +260,7 @@ type llmdModel struct {
 	cycles  int
 }
 
-func (m *llmdModel) cycle(s float64) (sent, bool) {
+func (m *model) cycle(s float64) (sent, bool) {
 	n := len(m.bands)
 	ceil := make([]float64, n)
 	for i := range ceil {
@@ -308,19 +309,19 @@ func (m *llmdModel) cycle(s float64) (sent, bool) {
 	return sent{}, false
 }
 
-func TestLLMDAgainstModel(t *testing.T) {
+func TestDispatcherAgainstModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 4).Draw(t, "bands")
 		kind := rapid.IntRange(0, 2).Draw(t, "policy") // static, soft-reflective, a table
 		thr := rapid.SampledFrom([]float64{1, 0.8, 0.5}).Draw(t, "threshold")
-		m := &llmdModel{bands: make([][]int, n), soft: kind == 1, thr: thr}
-		var p LLMDUsageLimitPolicy = LLMDStatic(thr)
+		m := &model{bands: make([][]int, n), soft: kind == 1, thr: thr}
+		var p UsageLimitPolicy = NewStatic(thr)
 		switch kind {
 		case 1:
-			p = LLMDSoftReflective()
+			p = NewSoftReflective()
 		case 2:
 			rows := rapid.IntRange(1, 3).Draw(t, "rows")
-			var tab tableLLMD
+			var tab tablePolicy
 			for range rows {
 				row := make([]float64, n)
 				for i := range row {
@@ -333,11 +334,11 @@ func TestLLMDAgainstModel(t *testing.T) {
 		}
 		src := &setSat{}
 		var out []sent
-		bs := make([]BandConfig, n)
+		bs := make([]flowcontrol.BandConfig, n)
 		for i := range bs {
 			bs[i].Capacity = 1000
 		}
-		d, err := NewLLMDDispatcher(LLMDDispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
+		d, err := NewDispatcher(DispatcherConfig[int]{Bands: bs, Policy: p, Source: src,
 			Dispatch: func(b, it int) { out = append(out, sent{b, it}) }})
 		if err != nil {
 			t.Fatal(err)
