@@ -167,3 +167,12 @@ func band(name string, capacity int, maxWait time.Duration, maxBytes int64) flow
 func critShed(shedCap int, shedWait time.Duration, shedBytes int64) []flowcontrol.BandConfig {
 	return []flowcontrol.BandConfig{band("critical", 4, 0, 0), band("sheddable", shedCap, shedWait, shedBytes)}
 }
+
+// discardWriter is a ResponseWriter that keeps nothing.
+type discardWriter struct{}
+
+func (discardWriter) Header() http.Header         { return http.Header{} }
+func (discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (discardWriter) WriteHeader(int)             {}
+
+func newRec() *httptest.ResponseRecorder { return httptest.NewRecorder() }

@@ -118,9 +118,13 @@ func rewritePriority(body []byte, mode PriorityMode, value int) []byte {
 		}
 		delete(fields, "priority")
 	}
-	out, err := json.Marshal(fields)
-	if err != nil {
+	// An encoder without HTML escaping: json.Marshal would rewrite every
+	// <, > and & inside the other fields' strings as \u escapes.
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(fields) != nil {
 		return body
 	}
-	return out
+	return bytes.TrimSuffix(out.Bytes(), []byte("\n"))
 }

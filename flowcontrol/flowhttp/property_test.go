@@ -18,7 +18,7 @@ import (
 )
 
 // runCtrl starts a controller of n open bands for one rapid check.
-func runCtrl(t *rapid.T, bands []flowcontrol.BandConfig) (*flowcontrol.Controller, *saturation.Value, func()) {
+func runCtrl(t interface{ Fatal(...any) }, bands []flowcontrol.BandConfig) (*flowcontrol.Controller, *saturation.Value, func()) {
 	pool := new(saturation.Value)
 	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bands, Source: pool}})
 	if err != nil {
