@@ -79,7 +79,7 @@ func newEngine(cfg vllm.Config, speedUp float64) (*engine, error) {
 }
 
 // add submits a request to the model's waiting queue.
-func (e *engine) add(input, output int) (*stream, error) {
+func (e *engine) add(input, output, priority int) (*stream, error) {
 	select {
 	case <-e.closed:
 		return nil, ErrClosed
@@ -87,7 +87,7 @@ func (e *engine) add(input, output int) (*stream, error) {
 	}
 	e.mu.Lock()
 	e.nextID++
-	s := &stream{req: vllm.Request{ID: e.nextID, Input: input, Output: output}, notify: make(chan struct{}, 1)}
+	s := &stream{req: vllm.Request{ID: e.nextID, Input: input, Output: output, Priority: priority}, notify: make(chan struct{}, 1)}
 	if err := e.rep.Add(&s.req); err != nil {
 		e.mu.Unlock()
 		return nil, err

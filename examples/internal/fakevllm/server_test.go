@@ -221,4 +221,15 @@ func TestConfigValidation(t *testing.T) {
 	bad.BlockSize = 0
 	_, err = fakevllm.New(fakevllm.Config{Replica: bad})
 	require.ErrorContains(t, err, "BlockSize")
+	_, err = fakevllm.New(fakevllm.Config{SchedulingPolicy: "lifo"})
+	require.ErrorContains(t, err, `fakevllm: SchedulingPolicy must be "fcfs" or "priority", got "lifo"`)
+	prio := vllm.DefaultConfig()
+	prio.PriorityScheduling = true
+	for _, policy := range []string{"", fakevllm.PolicyFCFS} {
+		_, err = fakevllm.New(fakevllm.Config{Replica: prio, SchedulingPolicy: policy})
+		require.ErrorContains(t, err, "fakevllm: Replica.PriorityScheduling needs SchedulingPolicy")
+	}
+	s, err := fakevllm.New(fakevllm.Config{Replica: prio, SchedulingPolicy: fakevllm.PolicyPriority})
+	require.NoError(t, err)
+	s.Close()
 }
