@@ -369,3 +369,103 @@ func TestBinaryReservedConnsForCritical(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, "critical request on the reserved room\n%s", r.logs())
 	}
 }
+
+// rssOf reads a process's resident set size from /proc.
+func rssOf(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			_, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// 48 uploads that send 8 MiB (of a declared 8 MiB, one byte short) and stall
+// cannot grow the proxy's memory without bound: at the default body memory
+// budget its RSS grows by at most 200 MiB (at b5562a5, before the budget: +590 MiB,
+// all 48 held),
+// the uploads beyond the budget are refused 429 body-memory-full, and a
+// critical request sent meanwhile is served.
+func TestBinaryStalledUploadsBoundedRSS(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc to read the proxy's RSS")
+	}
+	b := newStub(t, 50)
+	r := runProxy(t, 0, b.srv.URL)
+	pid := r.cmd.Process.Pid
+	base := rssOf(t, pid)
+	const uploads, size = 48, 8 << 20
+	chunk := make([]byte, 64<<10)
+	var wg sync.WaitGroup
+	var stalled sync.WaitGroup
+	var mu sync.Mutex
+	outcome := map[string]int{}
+	stop := make(chan struct{})
+	for range uploads {
+		wg.Add(1)
+		stalled.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", r.addr)
+			if err != nil {
+				stalled.Done()
+				return
+			}
+			defer c.Close()
+			_, err = fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s: sheddable\r\nContent-Length: %d\r\n\r\n", gateway.ObjectiveHeader, size)
+			sent := 0
+			for err == nil && sent < size-1 {
+				n := min(len(chunk), size-1-sent)
+				n, err = c.Write(chunk[:n])
+				sent += n
+			}
+			what := "stalled"
+			if err != nil {
+				what = "cut while sending"
+			} else {
+				// All but the last byte sent: the proxy holds it, or
+				// has refused it already (an answer is waiting).
+				_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+				if resp, rerr := http.ReadResponse(bufio.NewReader(c), nil); rerr == nil {
+					what = fmt.Sprintf("answered %d %s", resp.StatusCode, resp.Header.Get(gateway.ReasonHeader))
+				}
+			}
+			mu.Lock()
+			outcome[what]++
+			mu.Unlock()
+			stalled.Done()
+			<-stop
+		}()
+	}
+	stalled.Wait()
+	began := time.Now()
+	// A critical request beside them.
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+r.addr+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":2}`))
+	req.Header.Set(gateway.ObjectiveHeader, "critical")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the critical request beside the stalled uploads")
+	// RSS now and 3 s after every upload had sent what it would.
+	peak := rssOf(t, pid)
+	time.Sleep(time.Until(began.Add(3 * time.Second))) // a measurement instant, not a wait for a condition
+	peak = max(peak, rssOf(t, pid))
+	mu.Lock()
+	t.Logf("48 uploads of 8 MiB − 1 byte, then stalled: %v; RSS %.0f → %.0f MiB (+%.0f MiB)", outcome,
+		float64(base)/(1<<20), float64(peak)/(1<<20), float64(peak-base)/(1<<20))
+	held := outcome["stalled"]
+	mu.Unlock()
+	require.LessOrEqual(t, peak-base, int64(200<<20))
+	require.Less(t, held, uploads, "every upload held: the budget did not refuse any")
+	close(stop)
+	wg.Wait()
+}
