@@ -49,8 +49,9 @@ func DefaultBands() []flowcontrol.BandConfig {
 // in-flight credit on, and Options' safe zero values.
 type GatewayConfig struct {
 	// Endpoints are the model servers' base URLs
-	// ("http://10.0.0.7:8000"), the names the host gives Forward.
-	// Required.
+	// ("http://10.0.0.7:8000"), the names the host gives Forward. With
+	// none the pool reads saturated (only band 0 passes, for the host to
+	// refuse).
 	Endpoints []string
 	// MetricsPath is where each endpoint serves its Prometheus metrics.
 	// Empty: DefaultMetricsPath.
@@ -101,6 +102,10 @@ type GatewayConfig struct {
 type Gateway struct {
 	endpoints []string
 	metrics   map[string]string // base URL → its metrics URL (the poller's name for it)
+	murls     []string          // metrics URLs, in endpoint order
+	usable    []atomic.Bool     // the poller's verdict per endpoint, copied every interval (LeastLoaded)
+	rr        atomic.Uint64     // LeastLoaded's tie-breaker
+	interval  time.Duration
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
 	gate      *gate
@@ -118,9 +123,6 @@ type Gateway struct {
 // Every error wraps ErrInvalidConfig (or the package's own sentinel that
 // caused it) and names the field.
 func NewGateway(cfg GatewayConfig) (*Gateway, error) {
-	if len(cfg.Endpoints) == 0 {
-		return nil, fmt.Errorf("%w: Endpoints is empty", ErrInvalidConfig)
-	}
 	if cfg.Flow.Source != nil {
 		return nil, fmt.Errorf("%w: Flow.Source must be nil: the gateway reads its poller", ErrInvalidConfig)
 	}
@@ -146,6 +148,8 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		g.endpoints = append(g.endpoints, raw)
 		urls = append(urls, m)
 	}
+	g.murls = urls
+	g.usable = make([]atomic.Bool, len(urls))
 	pc := cfg.Poller
 	pc.Endpoints = urls
 	pc.Scorer.InFlightCredit = !cfg.NoCredit
@@ -154,6 +158,10 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		return nil, fmt.Errorf("%w: Poller: %w", ErrInvalidConfig, err)
 	}
 	g.poller = poller
+	g.interval = pc.Interval
+	if g.interval == 0 {
+		g.interval = saturation.DefaultInterval
+	}
 
 	fc := cfg.Flow
 	if fc.Bands == nil {
@@ -292,12 +300,60 @@ func (g *Gateway) Start(ctx context.Context) error {
 	ran := g.ctrl.Start(ctx)
 	polled := make(chan struct{})
 	go func() { defer close(polled); _ = g.poller.Run(ctx) }()
+	watched := make(chan struct{})
+	go func() { defer close(watched); g.watch(ctx) }()
 	go func() {
 		<-ran
 		<-polled
+		<-watched
 		close(g.stopped)
 	}()
 	return nil
+}
+
+// watch copies the poller's per-endpoint verdict (usable or not) every
+// interval, so that LeastLoaded reads atomics, not the poller's lock.
+func (g *Gateway) watch(ctx context.Context) {
+	idx := make(map[string]int, len(g.murls))
+	for i, m := range g.murls {
+		idx[m] = i
+	}
+	t := time.NewTicker(g.interval)
+	defer t.Stop()
+	for {
+		for _, r := range g.poller.Readings() {
+			if i, ok := idx[r.Endpoint]; ok {
+				g.usable[i].Store(r.Usable)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// LeastLoaded is a ready-made routing choice for hosts that have none: the
+// endpoint with the fewest requests this gateway has in flight to it (as
+// counted by Forward), among those whose metrics the poller could use at
+// its last look (all of them if none could), ties broken round-robin. ""
+// when there are no endpoints.
+func (g *Gateway) LeastLoaded() string {
+	n := len(g.endpoints)
+	if n == 0 {
+		return ""
+	}
+	start := int(g.rr.Add(1) % uint64(n))
+	best, bestLoad, bestUsable := -1, int64(0), false
+	for k := range n {
+		i := (start + k) % n
+		load, usable := g.poller.InFlight(g.murls[i]), g.usable[i].Load()
+		if best < 0 || usable && !bestUsable || usable == bestUsable && load < bestLoad {
+			best, bestLoad, bestUsable = i, load, usable
+		}
+	}
+	return g.endpoints[best]
 }
 
 // Drain is the first step of a graceful shutdown: every queued request is

@@ -62,7 +62,9 @@ func route(gw *flowhttp.Gateway, pods ...*pod) http.Handler {
 	var targets []target
 	for _, p := range pods {
 		u, _ := url.Parse(p.srv.URL)
-		targets = append(targets, target{p.srv.URL, httputil.NewSingleHostReverseProxy(u)})
+		rp := httputil.NewSingleHostReverseProxy(u)
+		rp.ErrorLog = quietLog() // the tests cancel clients on purpose
+		targets = append(targets, target{p.srv.URL, rp})
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tg := targets[rr.Add(1)%uint64(len(targets))]
@@ -376,4 +378,45 @@ func TestGatewayServeDrainsAndReservesForCritical(t *testing.T) {
 		t.Fatal("Serve did not return")
 	}
 	require.ErrorIs(t, gw.Start(context.Background()), flowhttp.ErrGatewayClosed)
+}
+
+// LeastLoaded picks the usable endpoint with the fewest requests in flight,
+// and falls back to all endpoints when none is usable.
+func TestGatewayLeastLoaded(t *testing.T) {
+	a, b := newPod(t, nil), newPod(t, nil)
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }))
+	t.Cleanup(broken.Close)
+	cfg := flowhttp.GatewayConfig{Endpoints: []string{a.srv.URL, b.srv.URL, broken.URL}}
+	cfg.Poller.Interval = 5 * time.Millisecond
+	cfg.Poller.Scorer.Staleness = 10 * time.Second
+	cfg.Poller.Timeout = 5 * time.Second
+	cfg.Poller.FailFast = true
+	gw, err := flowhttp.NewGateway(cfg)
+	require.NoError(t, err)
+	require.NoError(t, gw.Start(context.Background()))
+	defer gw.Close()
+	readAll(t, gw)
+	waitFor(t, "the verdicts copied: a and b usable, broken not", func() bool {
+		seen := map[string]bool{}
+		for range 12 { // every rotation, several times
+			seen[gw.LeastLoaded()] = true
+		}
+		return len(seen) == 2 && seen[a.srv.URL] && seen[b.srv.URL]
+	})
+	// One request held on a: b is the least loaded, whatever the rotation.
+	doneA := gw.Forward(discardWriter{}, a.srv.URL)
+	for range 6 {
+		require.Equal(t, b.srv.URL, gw.LeastLoaded())
+	}
+	doneB := gw.Forward(discardWriter{}, b.srv.URL)
+	doneB2 := gw.Forward(discardWriter{}, b.srv.URL)
+	for range 6 {
+		require.Equal(t, a.srv.URL, gw.LeastLoaded())
+	}
+	doneA()
+	doneB()
+	doneB2()
+	empty, err := flowhttp.NewGateway(flowhttp.GatewayConfig{})
+	require.NoError(t, err)
+	require.Equal(t, "", empty.LeastLoaded())
 }

@@ -1,0 +1,57 @@
+// Command embed is the README's embedding example: a protected inference
+// gateway in front of vLLM servers, written against flowgate's public API
+// only (flowhttp.Gateway). Its routing, the least-loaded endpoint, is the
+// one line a host would replace with its own.
+//
+//	go run ./examples/embed -backends http://127.0.0.1:8001,http://127.0.0.1:8002
+package main
+
+import (
+	"context"
+	"flag"
+	"log"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+)
+
+var (
+	addr     = flag.String("addr", "127.0.0.1:8000", "listen address")
+	backends = flag.String("backends", "http://127.0.0.1:8001,http://127.0.0.1:8002", "the model servers' base URLs, comma-separated")
+	noCredit = flag.Bool("no-credit", false, "turn the in-flight credit off (to measure what it does)")
+)
+
+func main() {
+	flag.Parse()
+	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: strings.Split(*backends, ","), NoCredit: *noCredit})
+	if err != nil {
+		log.Fatal(err)
+	}
+	prometheus.MustRegister(gw.Collector())
+	proxies := map[string]*httputil.ReverseProxy{}
+	for _, b := range gw.Endpoints() {
+		target, _ := url.Parse(b) // NewGateway checked it
+		proxies[b] = httputil.NewSingleHostReverseProxy(target)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.Handler())
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		b := gw.LeastLoaded()    // the host's routing
+		defer gw.Forward(w, b)() // counted on b until the answer is copied
+		proxies[b].ServeHTTP(w, r)
+	})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := gw.ListenAndServe(ctx, *addr, mux, flowhttp.ServerConfig{}); err != nil {
+		log.Fatal(err)
+	}
+}
