@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/fakevllm"
@@ -28,6 +29,11 @@ type DemoSpec struct {
 	Load    LoadSpec
 	// Out receives the progress line and the table; nil discards them.
 	Out io.Writer
+	// BackendPriority also runs every policy with priority all the way
+	// down: the fake servers schedule by priority (vLLM's
+	// --scheduling-policy priority) and the proxy writes each request's
+	// band into its body (bodyPriority: set).
+	BackendPriority bool
 }
 
 // PhaseResult is one policy's run.
@@ -58,7 +64,7 @@ func listen(h http.Handler) (*http.Server, string, error) {
 // RunPhase starts fresh fake backends and a proxy with the given policy,
 // runs the load through the proxy over loopback HTTP, then shuts everything
 // down.
-func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef) (res *PhaseResult, err error) {
+func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (res *PhaseResult, err error) {
 	out := spec.Out
 	if out == nil {
 		out = io.Discard
@@ -75,7 +81,11 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef) (res
 	}()
 	var urls []string
 	for range spec.Backends {
-		f, err := fakevllm.New(fakevllm.Config{SpeedUp: spec.Load.SpeedUp, Replica: spec.Replica})
+		fc := fakevllm.Config{SpeedUp: spec.Load.SpeedUp, Replica: spec.Replica}
+		if backendPriority {
+			fc.SchedulingPolicy = fakevllm.PolicyPriority
+		}
+		f, err := fakevllm.New(fc)
 		if err != nil {
 			return nil, err
 		}
@@ -89,6 +99,9 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef) (res
 	}
 	cfg := scaleConfig(spec.Config, spec.Load.SpeedUp)
 	cfg.Policy = policy
+	if backendPriority {
+		cfg.BodyPriority = gateway.BodyPrioritySet
+	}
 	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}})
 	if err != nil {
 		return nil, err
@@ -105,6 +118,9 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef) (res
 	defer client.CloseIdleConnections()
 
 	name := policy.Type
+	if backendPriority {
+		name += " + backend priority"
+	}
 	progress := func(sent, finished int) {
 		st := p.Controller().Stats()
 		queued := 0
@@ -167,15 +183,21 @@ func RunDemo(ctx context.Context, spec DemoSpec) ([]*PhaseResult, error) {
 		spec.Backends, spec.Load.SpeedUp, spec.Load.Workload.Name, spec.Load.QPS, spec.Load.QPS*spec.Load.SpeedUp,
 		100*spec.Load.Workload.CriticalShare, spec.Load.Duration)
 	var results []*PhaseResult
-	for _, pol := range []gateway.PolicyRef{
-		{Type: flowcontrol.StaticPolicyName, Threshold: 1.0},
-		{Type: flowcontrol.SoftReflectivePolicyName},
-	} {
-		r, err := RunPhase(ctx, spec, pol)
-		if err != nil {
-			return results, err
+	prios := []bool{false}
+	if spec.BackendPriority {
+		prios = append(prios, true)
+	}
+	for _, prio := range prios {
+		for _, pol := range []gateway.PolicyRef{
+			{Type: flowcontrol.StaticPolicyName, Threshold: 1.0},
+			{Type: flowcontrol.SoftReflectivePolicyName},
+		} {
+			r, err := RunPhase(ctx, spec, pol, prio)
+			if err != nil {
+				return results, err
+			}
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 	printTable(out, spec, results)
 	return results, nil
@@ -185,6 +207,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float
 
 func printTable(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
 	if len(rs) != 2 {
+		printWide(out, spec, rs)
 		return
 	}
 	s, f := rs[0].Load, rs[1].Load
@@ -231,5 +254,36 @@ func demoLoad() LoadSpec {
 		CV:       workload.DefaultCV,
 		Seed:     1,
 		Drain:    30 * time.Second,
+	}
+}
+
+// printWide prints one column per phase (the backend-priority run's four).
+func printWide(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
+	if len(rs) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\nTTFT measured by the HTTP client over loopback (wall clock; ×%g = model time)\n\n| metric |", spec.Load.SpeedUp)
+	for _, r := range rs {
+		fmt.Fprintf(out, " %s |", r.Policy)
+	}
+	fmt.Fprintf(out, "\n| --- |%s\n", strings.Repeat(" --- |", len(rs)))
+	row := func(name string, q float64, get func(*LoadResult) []time.Duration) {
+		fmt.Fprintf(out, "| %s |", name)
+		for _, r := range rs {
+			fmt.Fprintf(out, " %s |", ms(quantile(get(r.Load), q)))
+		}
+		fmt.Fprintln(out)
+	}
+	row("critical TTFT p50", 0.5, func(l *LoadResult) []time.Duration { return l.Critical.TTFT })
+	row("critical TTFT p99", 0.99, func(l *LoadResult) []time.Duration { return l.Critical.TTFT })
+	row("sheddable TTFT p99", 0.99, func(l *LoadResult) []time.Duration { return l.Sheddable.TTFT })
+	row("critical E2E p99", 0.99, func(l *LoadResult) []time.Duration { return l.Critical.E2E })
+	fmt.Fprintln(out)
+	for _, r := range rs {
+		fmt.Fprintf(out, "%s: critical: %s; sheddable: %s; %.1fs wall", r.Policy, r.Load.Critical.summary(), r.Load.Sheddable.summary(), r.Load.Wall.Seconds())
+		if r.Lost > 0.02 {
+			fmt.Fprintf(out, " (WARNING: a backend fell %.0f %% behind real time: the machine is too busy for this speed-up)", 100*r.Lost)
+		}
+		fmt.Fprintln(out)
 	}
 }

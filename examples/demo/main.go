@@ -16,6 +16,8 @@ func main() {
 	qps := flag.Float64("qps", demoLoad().QPS, "arrival rate in model time (codegen mix)")
 	speedUp := flag.Float64("speedup", demoLoad().SpeedUp, "the fake backends run the model this many times faster than real time")
 	duration := flag.Duration("duration", demoLoad().Duration, "wall-clock duration of the load per policy")
+	compare := flag.Int("compare", 0, "instead: run this many interleaved rounds of the same load through examples/proxy, examples/embed and examples/embed -no-credit, each built and run as its own process at its defaults")
+	backendPrio := flag.Bool("backend-priority", false, "also run each policy with backend priority: the fake servers schedule by priority (vLLM --scheduling-policy priority) and the proxy writes the band into each body (bodyPriority: set)")
 	flag.Parse()
 
 	cfg := gateway.DefaultConfig()
@@ -33,7 +35,13 @@ func main() {
 	defer stop()
 	load := demoLoad()
 	load.QPS, load.SpeedUp, load.Duration = *qps, *speedUp, *duration
-	if _, err := RunDemo(ctx, DemoSpec{Config: cfg, Backends: 2, Load: load, Out: os.Stdout}); err != nil {
+	if *compare > 0 {
+		if _, err := RunCompare(ctx, CompareSpec{Rounds: *compare, Backends: 2, Load: load, Out: os.Stdout}); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if _, err := RunDemo(ctx, DemoSpec{Config: cfg, Backends: 2, Load: load, Out: os.Stdout, BackendPriority: *backendPrio}); err != nil {
 		fatal(err)
 	}
 }
