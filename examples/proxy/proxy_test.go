@@ -69,7 +69,12 @@ func (b *backendStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func newStub(t *testing.T, speedUp float64) *backendStub {
 	t.Helper()
-	f, err := fakevllm.New(fakevllm.Config{SpeedUp: speedUp})
+	return newStubWith(t, fakevllm.Config{SpeedUp: speedUp})
+}
+
+func newStubWith(t *testing.T, cfg fakevllm.Config) *backendStub {
+	t.Helper()
+	f, err := fakevllm.New(cfg)
 	require.NoError(t, err)
 	b := &backendStub{fake: f}
 	b.srv = httptest.NewServer(b)
@@ -420,9 +425,12 @@ func TestShutdownUnderLoadLosesNothing(t *testing.T) {
 	require.Equal(t, int64(0), ctrl.InFlight())
 }
 
-// TestBandResolution: header, body priority and default, end to end.
+// TestBandResolution: header, body priority and default, end to end. The
+// backend schedules by priority: the proxy forwards the body's priority as
+// the client wrote it (bodyPriority keep), which the fake, like vLLM's V0
+// engine, refuses under fcfs.
 func TestBandResolution(t *testing.T) {
-	b := newStub(t, 50)
+	b := newStubWith(t, fakevllm.Config{SpeedUp: 50, SchedulingPolicy: fakevllm.PolicyPriority})
 	h := newHarness(t, testConfig(), b)
 	for _, tc := range []struct {
 		objective, body, band string
