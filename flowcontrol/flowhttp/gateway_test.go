@@ -322,13 +322,15 @@ func TestGatewayServeDrainsAndReservesForCritical(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- gw.Serve(ctx, ln, route(gw, p), flowhttp.ServerConfig{MaxConns: 3, ReservedConns: 1, DrainTimeout: 5 * time.Second})
+		// Two connections beyond the two held: the refused one may not be
+		// counted closed yet when the critical one arrives.
+		served <- gw.Serve(ctx, ln, route(gw, p), flowhttp.ServerConfig{MaxConns: 4, ReservedConns: 2, DrainTimeout: 5 * time.Second})
 	}()
 	base := "http://" + ln.Addr().String()
 	readAll(t, gw)
 
-	// Two connections hold queued sheddable requests; the third, in the
-	// reserve, refuses a sheddable request and serves a critical one.
+	// Two connections hold queued sheddable requests; the next ones, in the
+	// reserve, refuse a sheddable request and serve a critical one.
 	tr := &http.Transport{MaxConnsPerHost: 0, DisableKeepAlives: false}
 	client := &http.Client{Transport: tr}
 	defer tr.CloseIdleConnections()

@@ -65,13 +65,23 @@ func start(t testing.TB, bands []flowcontrol.BandConfig, next http.Handler, opts
 	return e
 }
 
-// waitFor polls cond every millisecond for at most 5 s.
+// waitFor polls cond every millisecond for at most 30 s: a bound on a
+// broken test, long enough for a loaded machine under -race.
 func waitFor(t interface {
 	Helper()
 	Fatalf(string, ...any)
 }, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	waitWithin(t, 30*time.Second, what, cond)
+}
+
+// waitWithin polls cond every millisecond for at most d.
+func waitWithin(t interface {
+	Helper()
+	Fatalf(string, ...any)
+}, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
@@ -88,8 +98,8 @@ func (e *env) result(t testing.TB) flowhttp.Result {
 	select {
 	case r := <-e.finished:
 		return r
-	case <-time.After(5 * time.Second):
-		t.Fatal("no OnFinish within 5s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no OnFinish within 30s")
 		return flowhttp.Result{}
 	}
 }

@@ -144,7 +144,8 @@ func TestConcurrentLargeUploadsBoundedHeap(t *testing.T) {
 	}
 	// Every upload ends queued or refused (body-memory-full).
 	var finished int
-	waitFor(t, "every upload queued or refused", func() bool {
+	// 320 MiB sent over loopback: generous on a busy machine under -race.
+	waitWithin(t, 2*time.Minute, "every upload queued or refused", func() bool {
 		for {
 			select {
 			case r := <-e.finished:
