@@ -10,7 +10,7 @@ import (
 	"math"
 	"net"
 	"os"
-	"regexp"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -347,9 +347,10 @@ func LoadConfig(path string) (Config, error) {
 }
 
 // ParseConfig reads and validates a YAML configuration. Decoding is strict:
-// an unknown field, a duplicate key or a value of the wrong type is an error
-// naming the field's path and its line; a semantic error names the field's
-// path (and its line when the field was written).
+// an unknown field, a duplicate key or a value of the wrong type (a fraction
+// for a whole number included) is an error naming the field's path, its line,
+// the value as written and what the field takes (configerr.go); a semantic
+// error names the field's path (and its line when the field was written).
 func ParseConfig(r io.Reader) (Config, error) {
 	data, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
 	if err != nil {
@@ -364,10 +365,13 @@ func ParseConfig(r io.Reader) (Config, error) {
 		return Config{}, fmt.Errorf("proxy: config: %w", err)
 	}
 	var fc fileConfig
+	if err := checkDecode(&root, "", reflect.TypeOf(fc)); err != nil {
+		return Config{}, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, describeDecodeError(err, &root)
+		return Config{}, describeDecodeError(err, "")
 	}
 	// A second document would be silently ignored: refuse it.
 	var extra yaml.Node
@@ -375,58 +379,6 @@ func ParseConfig(r io.Reader) (Config, error) {
 		return Config{}, errors.New("proxy: config: more than one YAML document")
 	}
 	return fc.resolve(&root)
-}
-
-var (
-	lineRe      = regexp.MustCompile(`^line (\d+): (.*)$`)
-	notFoundRe  = regexp.MustCompile(`^field (\S+) not found in type`)
-	badValueRe  = regexp.MustCompile("^cannot unmarshal \\S+(?: `([^`]*)`)? into")
-	durationTok = "time.Duration"
-)
-
-// describeDecodeError rewrites yaml's "line N: ..." messages so that each
-// names the field path it is about.
-func describeDecodeError(err error, root *yaml.Node) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return fmt.Errorf("proxy: config: %w", err)
-	}
-	msgs := make([]string, 0, len(te.Errors))
-	for _, e := range te.Errors {
-		m := lineRe.FindStringSubmatch(e)
-		if m == nil {
-			msgs = append(msgs, e)
-			continue
-		}
-		line, _ := strconv.Atoi(m[1])
-		rest := m[2]
-		path := ""
-		switch {
-		case notFoundRe.MatchString(rest):
-			key := notFoundRe.FindStringSubmatch(rest)[1]
-			path = findPath(root, func(k, _ *yaml.Node) bool { return k.Line == line && k.Value == key })
-			rest = "unknown field"
-		case badValueRe.MatchString(rest):
-			// yaml quotes a scalar's value (cut to 7 bytes and "..." when
-			// long); a sequence or mapping has none.
-			val := badValueRe.FindStringSubmatch(rest)[1]
-			scalar := strings.Contains(rest, "`")
-			path = findPath(root, func(_, v *yaml.Node) bool {
-				if v.Line != line || (v.Kind == yaml.ScalarNode) != scalar {
-					return false
-				}
-				return !scalar || strings.HasPrefix(v.Value, strings.TrimSuffix(val, "..."))
-			})
-			if strings.Contains(rest, durationTok) {
-				rest += ` (durations are strings such as "250ms" or "30s")`
-			}
-		}
-		if path == "" {
-			path = "?"
-		}
-		msgs = append(msgs, fmt.Sprintf("%s (line %d): %s", path, line, rest))
-	}
-	return fmt.Errorf("proxy: config: %s", strings.Join(msgs, "; "))
 }
 
 // walkYAML visits, innermost first, every mapping entry (key, value) and
@@ -469,13 +421,6 @@ func walkYAML(n *yaml.Node, path string, visit func(path string, k, v *yaml.Node
 		}
 	}
 	return "", false
-}
-
-// findPath returns the dotted path of the innermost mapping entry (key,
-// value) for which match holds, searching the whole tree; "" if none.
-func findPath(root *yaml.Node, match func(k, v *yaml.Node) bool) string {
-	p, _ := walkYAML(root, "", func(_ string, k, v *yaml.Node) bool { return k != nil && match(k, v) })
-	return p
 }
 
 // lineOf returns the line of the key (or sequence item) at a dotted path
@@ -636,13 +581,17 @@ func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
 	return nil
 }
 
-// decodeNode decodes a node into v, with decode errors naming the field.
-func decodeNode(root, n *yaml.Node, v any) error {
+// decodeNode decodes the node at path into v, with decode errors naming the
+// field.
+func decodeNode(n *yaml.Node, path string, v any) error {
 	if n.Kind == 0 {
 		return nil
 	}
+	if err := checkDecode(n, path, reflect.TypeOf(v)); err != nil {
+		return err
+	}
 	if err := n.Decode(v); err != nil {
-		return describeDecodeError(err, root)
+		return describeDecodeError(err, path)
 	}
 	return nil
 }
@@ -726,7 +675,11 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	// Plugins: names unique; policy types checked strictly; llm-d's
 	// utilization detector read; anything else ignored with a warning.
 	plugins := map[string]PolicyRef{}
-	detectors := map[string]filePlugin{}
+	type detector struct {
+		filePlugin
+		path string
+	}
+	detectors := map[string]detector{}
 	queuePlugins := map[string]string{} // fairness and ordering plugins: name → type
 	seen := map[string]bool{}
 	for i, p := range fc.Plugins {
@@ -751,7 +704,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			var params struct {
 				Threshold *float64 `yaml:"threshold"`
 			}
-			if err := decodeNode(root, &p.Parameters, &params); err != nil {
+			if err := decodeNode(&p.Parameters, path+".parameters", &params); err != nil {
 				return Config{}, err
 			}
 			ref.Threshold = 1.0
@@ -772,7 +725,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 				"metricsStalenessThreshold", "stalenessPolicy", "headroom"); err != nil {
 				return Config{}, err
 			}
-			detectors[name] = p
+			detectors[name] = detector{p, path}
 			continue
 		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
 			queuePlugins[name] = p.Type
@@ -802,7 +755,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 
 	// The saturation detector: llm-d's utilization-detector parameters,
 	// then flowgate's own saturationDetector section over them.
-	var det *filePlugin
+	var det *detector
 	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
 		d, ok := detectors[sdr.PluginRef]
 		if !ok {
@@ -824,7 +777,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			StalenessPolicy           string         `yaml:"stalenessPolicy"`
 			Headroom                  *float64       `yaml:"headroom"`
 		}
-		if err := decodeNode(root, &det.Parameters, &params); err != nil {
+		if err := decodeNode(&det.Parameters, det.path+".parameters", &params); err != nil {
 			return Config{}, err
 		}
 		if params.StalenessPolicy != "" && params.StalenessPolicy != "saturated" {
@@ -878,7 +831,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			return Config{}, err
 		}
 		var tmpl fileBand
-		if err := decodeNode(root, n, &tmpl); err != nil {
+		if err := decodeNode(n, path, &tmpl); err != nil {
 			return Config{}, err
 		}
 		if tmplQueue, err = bandQueueing(root, tmpl, path, queuePlugins, Band{}, warn); err != nil {
