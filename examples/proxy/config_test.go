@@ -196,6 +196,38 @@ func TestParseConfigDecodeErrors(t *testing.T) {
 	}
 }
 
+// TestParseConfigSuggestsKey: a misspelt key names the valid key at that
+// level it is likely meant to be, in strictly decoded sections and in plugin
+// parameters and the band template alike; nothing when no key is close.
+func TestParseConfigSuggestsKey(t *testing.T) {
+	for _, tc := range []struct{ name, src, want string }{
+		{"top level, case", "flowcontrol:\n  tick: 1ms\n", "flowcontrol (line 1): unknown field (did you mean flowControl?)"},
+		{"section", "saturationDetector:\n  queueDepthTreshold: 5\n",
+			"saturationDetector.queueDepthTreshold (line 2): unknown field (did you mean queueDepthThreshold?)"},
+		{"band", "flowControl:\n  priorityBands:\n    - name: a\n      priority: 1\n      capasity: 3\n",
+			"flowControl.priorityBands[0].capasity (line 5): unknown field (did you mean capacity?)"},
+		{"swapped letters", "saturationDetector:\n  kvCahceUtilThreshold: 0.8\n",
+			"saturationDetector.kvCahceUtilThreshold (line 2): unknown field (did you mean kvCacheUtilThreshold?)"},
+		{"policy parameter", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {treshold: 0.5}\n",
+			"plugins[0].parameters.treshold (line 3): unknown field (did you mean threshold?)"},
+		{"detector parameter", "plugins:\n  - type: utilization-detector\n    parameters: {queueDepthTreshold: 5}\n",
+			"plugins[0].parameters.queueDepthTreshold (line 3): unknown field (did you mean queueDepthThreshold?)"},
+		{"band template", "flowControl:\n  defaultPriorityBand: {maxRequest: 5}\n",
+			"flowControl.defaultPriorityBand.maxRequest (line 2): unknown field (did you mean maxRequests?)"},
+		{"shared section", "sharedInFlight:\n  address: redis:6379\n  replicaID: a\n",
+			"sharedInFlight.replicaID (line 3): unknown field (did you mean replicaId?)"},
+		{"nothing close", "plugins:\n  - type: utilization-detector\n    parameters: {queueDepth: 5}\n",
+			"plugins[0].parameters.queueDepth (line 3): unknown field"},
+		{"nothing close, strict", "flowControl:\n  bands: []\n", "flowControl.bands (line 2): unknown field"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gateway.ParseConfig(strings.NewReader(tc.src))
+			require.Error(t, err)
+			require.Equal(t, "proxy: config: "+tc.want, err.Error())
+		})
+	}
+}
+
 // FuzzParseConfig: any input either parses into a configuration that holds
 // the invariants the proxy relies on, or is a "proxy: config:" error in the
 // file's terms (never yaml's Go types and tags); never a panic.

@@ -564,7 +564,8 @@ func checkFlowCapacity(root *yaml.Node, b Band, path string) error {
 	return nil
 }
 
-// checkKeys refuses keys of a mapping node not in allowed, naming the field.
+// checkKeys refuses keys of a mapping node not in allowed, naming the field
+// and the allowed key it is likely a misspelling of, if any.
 func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
 	if n.Kind == 0 {
 		return nil
@@ -575,7 +576,7 @@ func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := n.Content[i].Value
 		if !slices.Contains(allowed, k) {
-			return fmt.Errorf("proxy: config: %s.%s (line %d): unknown field", path, k, n.Content[i].Line)
+			return fmt.Errorf("proxy: config: %s.%s (line %d): %s", path, k, n.Content[i].Line, unknownField(k, allowed))
 		}
 	}
 	return nil

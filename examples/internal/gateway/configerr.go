@@ -316,7 +316,60 @@ func fieldNamed(fields []yamlField, name string) (yamlField, bool) {
 }
 
 // unknownField is the message for a key that is not one of valid.
-func unknownField(key string, valid []string) string { return "unknown field" }
+func unknownField(key string, valid []string) string {
+	if s := nearestKey(key, valid); s != "" {
+		return fmt.Sprintf("unknown field (did you mean %s?)", s)
+	}
+	return "unknown field"
+}
+
+// nearestKey returns the key of valid closest to key when it is close enough
+// to be a misspelling of it, or "": the edit distance between the two,
+// ignoring case, is at most a quarter of key's length (and at least 1).
+// Ties go to the earlier key of valid.
+func nearestKey(key string, valid []string) string {
+	limit := max(1, utf8.RuneCountInString(key)/4)
+	best, bestD := "", limit+1
+	for _, v := range valid {
+		if v == key {
+			continue
+		}
+		if d := editDistance(strings.ToLower(key), strings.ToLower(v)); d < bestD {
+			best, bestD = v, d
+		}
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance between a and b:
+// the fewest insertions, deletions, substitutions of one rune, or swaps of two
+// adjacent runes, that turn a into b ("capasity" → "capacity" is 1, and so is
+// "kvCahce" → "kvCache").
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	// Three rows: the one before last (for swaps), the last, the current.
+	prev2 := make([]int, len(rb)+1)
+	prev := make([]int, len(rb)+1)
+	cur := make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(rb)]
+}
 
 // checkDecode walks n (at path) against the type t it is to be decoded
 // into, and returns an error naming, for each entry that does not fit, the
