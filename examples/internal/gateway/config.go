@@ -13,7 +13,6 @@ import (
 	"reflect"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -597,47 +596,20 @@ func decodeNode(n *yaml.Node, path string, v any) error {
 	return nil
 }
 
-// quantitySuffixes are Kubernetes' quantity suffixes.
-var quantitySuffixes = []struct {
-	s string
-	m float64
-}{
-	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"Pi", 1 << 50}, {"Ei", 1 << 60},
-	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18},
-}
-
-// parseQuantity reads a Kubernetes quantity as llm-d writes limits: a
-// non-negative number with an optional suffix (Ki, Mi, Gi, Ti, Pi, Ei, k,
-// M, G, T, P, E): "10Gi", "1k", "500", 1048576. The value must be a whole
-// number below 2^62.
-func parseQuantity(v string) (int64, error) {
-	num, mult := strings.TrimSpace(v), 1.0
-	for _, q := range quantitySuffixes {
-		if strings.HasSuffix(num, q.s) {
-			num, mult = strings.TrimSuffix(num, q.s), q.m
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || num == "" || strings.ContainsAny(num, "eExXpP_") || !finite(f) || f < 0 {
-		return 0, fmt.Errorf("%q is not a quantity (a number ≥ 0 with an optional suffix such as Ki, Mi, Gi, k, M)", v)
-	}
-	x := f * mult
-	if x >= 1<<62 || x != math.Trunc(x) {
-		return 0, fmt.Errorf("%q is not a whole number below 2^62", v)
-	}
-	return int64(x), nil
-}
-
-// quantityAt parses an optional quantity node at path; ok false if absent.
+// quantityAt parses an optional quantity node at path (a maxRequests, a
+// count of requests, or a maxBytes, of bytes); ok false if absent.
 func quantityAt(root, n *yaml.Node, path string) (v int64, ok bool, err error) {
 	if n.Kind == 0 {
 		return 0, false, nil
 	}
 	if n.Kind != yaml.ScalarNode {
-		return 0, false, fieldError(root, path, "must be a quantity such as 500, \"1k\" or \"10Gi\"")
+		return 0, false, fieldError(root, path, "must be a quantity such as 500, \"1k\" or \"10Gi\", not %s", describeNode(n))
 	}
-	v, err = parseQuantity(n.Value)
+	unit := "requests"
+	if strings.HasSuffix(path, "maxBytes") {
+		unit = "bytes"
+	}
+	v, err = parseQuantity(n.Value, unit)
 	if err != nil {
 		return 0, false, fieldError(root, path, "%v", err)
 	}
