@@ -361,7 +361,7 @@ func ParseConfig(r io.Reader) (Config, error) {
 	// The node tree maps error lines to field paths and paths to lines.
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return Config{}, fmt.Errorf("proxy: config: %w", err)
+		return Config{}, describeSyntaxError(err, data)
 	}
 	var fc fileConfig
 	if err := checkDecode(&root, "", reflect.TypeOf(fc)); err != nil {

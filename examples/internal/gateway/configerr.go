@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -400,4 +401,30 @@ func describeDecodeError(err error, path string) error {
 		return fmt.Errorf("proxy: config: %w", err)
 	}
 	return fmt.Errorf("proxy: config: %s: %w", path, err)
+}
+
+// describeSyntaxError rewrites yaml's "yaml: line N: ..." for a document that
+// is not YAML as "line N: not valid YAML: ...", with the likely cause when
+// the line is indented with a tab.
+func describeSyntaxError(err error, data []byte) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if n, tail, ok := strings.Cut(rest, ": "); ok {
+			if l, err := strconv.Atoi(n); err == nil && l > 0 {
+				line, msg = l, tail
+			}
+		}
+	}
+	if line == 0 {
+		return fmt.Errorf("proxy: config: not valid YAML: %s", msg)
+	}
+	if lines := bytes.Split(data, []byte("\n")); line <= len(lines) {
+		l := lines[line-1]
+		indent := l[:len(l)-len(bytes.TrimLeft(l, " \t"))]
+		if bytes.IndexByte(indent, '\t') >= 0 {
+			msg += " (the line is indented with a tab: YAML indents with spaces)"
+		}
+	}
+	return fmt.Errorf("proxy: config: line %d: not valid YAML: %s", line, msg)
 }
