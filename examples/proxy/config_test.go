@@ -85,11 +85,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"unknown nested field", "flowControl:\n  priorityBands:\n    - name: a\n      priority: 1\n      capasity: 3\n",
 			[]string{"flowControl.priorityBands[0].capasity (line 5)", "unknown field"}},
 		{"bad int", "flowControl:\n  priorityBands:\n    - name: a\n      priority: high\n",
-			[]string{"flowControl.priorityBands[0].priority (line 4)", "cannot unmarshal"}},
+			[]string{`flowControl.priorityBands[0].priority (line 4): "high" is not a whole number`}},
 		{"bad duration", "saturationDetector:\n  scrapeInterval: 50\n",
-			[]string{"saturationDetector.scrapeInterval (line 2)", "durations are strings"}},
+			[]string{`saturationDetector.scrapeInterval (line 2): "50" is not a duration: it needs a unit, such as "50ms" or "50s"`}},
 		{"bad duration string", "saturationDetector:\n  scrapeInterval: fast\n",
-			[]string{"saturationDetector.scrapeInterval (line 2)"}},
+			[]string{`saturationDetector.scrapeInterval (line 2): "fast" is not a duration (durations are written like "250ms"`}},
 		{"negative capacity", "flowControl:\n  priorityBands:\n    - name: a\n      priority: 1\n      capacity: -1\n",
 			[]string{"flowControl.priorityBands[0].capacity (line 5)", "must be in 1.."}},
 		{"missing priority", "flowControl:\n  priorityBands:\n    - name: a\n", []string{"flowControl.priorityBands[0].priority", "required"}},
@@ -113,12 +113,14 @@ func TestParseConfigErrors(t *testing.T) {
 		{"default band missing", "flowControl:\n  defaultPriorityBand: nope\n", []string{"flowControl.defaultPriorityBand (line 2)"}},
 		{"kv threshold range", "saturationDetector:\n  kvCacheUtilThreshold: 1.5\n", []string{"saturationDetector.kvCacheUtilThreshold (line 2)", "(0, 1]"}},
 		{"scrape slower than staleness", "saturationDetector:\n  scrapeInterval: 1s\n", []string{"saturationDetector.scrapeInterval (line 2)", "stale"}},
-		{"duplicate key", "flowControl: {}\nflowControl: {}\n", []string{"line 2", "already defined"}},
+		{"duplicate key", "flowControl: {}\nflowControl: {}\n", []string{"flowControl (line 2): written twice (first at line 1)"}},
 		{"two documents", "flowControl: {}\n---\nflowControl: {}\n", []string{"more than one YAML document"}},
-		{"not yaml", "flowControl: [\n", []string{"proxy: config:"}},
-		{"map for a list", "flowControl:\n  priorityBands: {a: 1}\n", []string{"flowControl.priorityBands (line 2)", "cannot unmarshal !!map"}},
-		{"long bad value", "flowControl:\n  burst: manymanymany\n", []string{"flowControl.burst (line 2)"}},
-		{"bad bool", "saturationDetector:\n  inFlightCredit: maybe\n", []string{"saturationDetector.inFlightCredit (line 2)"}},
+		{"not yaml", "flowControl: [\n", []string{"proxy: config: line 1: not valid YAML: did not find expected node content"}},
+		{"tab indent", "flowControl:\n\ttick: 1ms\n", []string{"proxy: config: line 2: not valid YAML: ", "indented with a tab: YAML indents with spaces"}},
+		{"tab after spaces", "flowControl:\n  priorityBands:\n  \t- {priority: 1}\n", []string{"line 3: not valid YAML: ", "indented with a tab"}},
+		{"map for a list", "flowControl:\n  priorityBands: {a: 1}\n", []string{"flowControl.priorityBands (line 2): must be a list", "not a mapping"}},
+		{"long bad value", "flowControl:\n  burst: manymanymany\n", []string{`flowControl.burst (line 2): "manymanymany" is not a whole number`}},
+		{"bad bool", "saturationDetector:\n  inFlightCredit: maybe\n", []string{`saturationDetector.inFlightCredit (line 2): "maybe" is not true or false`}},
 		{"bad burst", "flowControl:\n  burst: 0\n", []string{"flowControl.burst (line 2)"}},
 	}
 	for _, tc := range cases {
@@ -133,9 +135,104 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 }
 
+// TestParseConfigDecodeErrors: a value of the wrong type is an error in the
+// file's terms — the key path, the line, the value as written (whole) and
+// what the field takes — never yaml's Go types and tags.
+func TestParseConfigDecodeErrors(t *testing.T) {
+	for _, tc := range []struct{ name, src, want string }{
+		{"percentage for a fraction", "saturationDetector:\n  queueDepthThreshold: 5\n  kvCacheUtilThreshold: 80%\n",
+			`saturationDetector.kvCacheUtilThreshold (line 3): "80%" is not a number (a percentage is written as a fraction: 0.8 for 80%)`},
+		{"word for a number", "saturationDetector:\n  queueDepthThreshold: five\n",
+			`saturationDetector.queueDepthThreshold (line 2): "five" is not a number`},
+		{"second band", "flowControl:\n  priorityBands:\n    - {name: gold, priority: 10}\n    - name: batch\n      priority: high\n",
+			`flowControl.priorityBands[1].priority (line 5): "high" is not a whole number`},
+		// Two keys on one line with the same value: the one that does
+		// not fit is named (yaml's message gives only the line).
+		{"same value twice on a line", "flowControl:\n  priorityBands:\n    - {name: high, priority: high}\n",
+			`flowControl.priorityBands[0].priority (line 3): "high" is not a whole number`},
+		{"fraction for a whole number", "flowControl:\n  priorityBands:\n    - {name: a, priority: 1, capacity: 2.5}\n",
+			`flowControl.priorityBands[0].capacity (line 3): "2.5" is not a whole number`},
+		{"int overflow", "flowControl:\n  burst: 99999999999999999999\n",
+			`flowControl.burst (line 2): "99999999999999999999" is out of range for a whole number`},
+		{"long value kept whole", "flowControl:\n  tick: somewhat-too-slow\n",
+			`flowControl.tick (line 2): "somewhat-too-slow" is not a duration (durations are written like "250ms", "30s" or "1m")`},
+		{"very long value cut", "flowControl:\n  tick: " + strings.Repeat("x", 100) + "\n",
+			`flowControl.tick (line 2): "` + strings.Repeat("x", 40) + `"… is not a duration (durations are written like "250ms", "30s" or "1m")`},
+		{"scalar for a section", "saturationDetector: 5\n",
+			`saturationDetector (line 1): must be a mapping of keys (key: value), not "5"`},
+		{"list for a string", "flowControl:\n  usageLimitPolicyPluginRef: [a, b]\n",
+			`flowControl.usageLimitPolicyPluginRef (line 2): must be a single value (a name or a string), not a list`},
+		{"mapping for a number", "saturationDetector:\n  queueDepthThreshold: {value: 5}\n",
+			`saturationDetector.queueDepthThreshold (line 2): must be a number, not a mapping (key: value)`},
+		{"list for a mapping", "flowControl:\n  objectives: [a, b]\n",
+			`flowControl.objectives (line 2): must be a mapping (key: value), not a list`},
+		{"mapping in a string map", "flowControl:\n  objectives:\n    gold: {band: a}\n",
+			`flowControl.objectives.gold (line 3): must be a single value (a name or a string), not a mapping (key: value)`},
+		{"document not a mapping", "- a\n- b\n", `the document (line 1): must be a mapping of keys (key: value), not a list`},
+		{"duplicate nested key", "flowControl:\n  burst: 2\n  tick: 1ms\n  burst: 3\n",
+			`flowControl.burst (line 4): written twice (first at line 2): give it once`},
+		{"duplicate in a flow mapping", "flowControl:\n  priorityBands:\n    - {priority: 1, priority: 2}\n",
+			`flowControl.priorityBands[0].priority (line 3): written twice (first at line 3): give it once`},
+		{"every problem, in file order", "flowControl:\n  burst: many\n  tick: 5\nsaturationDetector:\n  inFlightCredit: perhaps\n",
+			`flowControl.burst (line 2): "many" is not a whole number; flowControl.tick (line 3): "5" is not a duration: it needs a unit, such as "5ms" or "5s"; ` +
+				`saturationDetector.inFlightCredit (line 5): "perhaps" is not true or false`},
+		{"merged band", "flowControl:\n  priorityBands:\n    - &b {name: a, priority: 1, maxWait: 1s}\n    - <<: *b\n      name: b\n      priority: two\n",
+			`flowControl.priorityBands[1].priority (line 6): "two" is not a whole number`},
+		{"bad value merged in", "flowControl:\n  priorityBands:\n    - &b {name: a, priority: 1, maxWait: soon}\n    - <<: *b\n      name: b\n      priority: 2\n",
+			`flowControl.priorityBands[0].maxWait (line 3): "soon" is not a duration (durations are written like "250ms", "30s" or "1m"); ` +
+				`flowControl.priorityBands[1].maxWait (line 3): "soon" is not a duration (durations are written like "250ms", "30s" or "1m")`},
+		{"alias where it does not fit", "featureGates: &n [x]\nflowControl:\n  tick: *n\n",
+			`flowControl.tick (line 1): must be a duration (such as "250ms" or "30s"), not a list`},
+		{"policy parameter", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {threshold: high}\n",
+			`plugins[0].parameters.threshold (line 3): "high" is not a number`},
+		{"detector parameter", "plugins:\n  - type: soft-reflective-ceiling-policy\n  - name: u\n    type: utilization-detector\n    parameters:\n      metricsStalenessThreshold: 200\n",
+			`plugins[1].parameters.metricsStalenessThreshold (line 6): "200" is not a duration: it needs a unit, such as "200ms" or "200s"`},
+		{"band template", "flowControl:\n  defaultPriorityBand:\n    flowCapacity: lots\n",
+			`flowControl.defaultPriorityBand.flowCapacity (line 3): "lots" is not a whole number`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gateway.ParseConfig(strings.NewReader(tc.src))
+			require.Error(t, err)
+			require.Equal(t, "proxy: config: "+tc.want, err.Error())
+		})
+	}
+}
+
+// TestParseConfigSuggestsKey: a misspelt key names the valid key at that
+// level it is likely meant to be, in strictly decoded sections and in plugin
+// parameters and the band template alike; nothing when no key is close.
+func TestParseConfigSuggestsKey(t *testing.T) {
+	for _, tc := range []struct{ name, src, want string }{
+		{"top level, case", "flowcontrol:\n  tick: 1ms\n", "flowcontrol (line 1): unknown field (did you mean flowControl?)"},
+		{"section", "saturationDetector:\n  queueDepthTreshold: 5\n",
+			"saturationDetector.queueDepthTreshold (line 2): unknown field (did you mean queueDepthThreshold?)"},
+		{"band", "flowControl:\n  priorityBands:\n    - name: a\n      priority: 1\n      capasity: 3\n",
+			"flowControl.priorityBands[0].capasity (line 5): unknown field (did you mean capacity?)"},
+		{"swapped letters", "saturationDetector:\n  kvCahceUtilThreshold: 0.8\n",
+			"saturationDetector.kvCahceUtilThreshold (line 2): unknown field (did you mean kvCacheUtilThreshold?)"},
+		{"policy parameter", "plugins:\n  - type: static-usage-limit-policy\n    parameters: {treshold: 0.5}\n",
+			"plugins[0].parameters.treshold (line 3): unknown field (did you mean threshold?)"},
+		{"detector parameter", "plugins:\n  - type: utilization-detector\n    parameters: {queueDepthTreshold: 5}\n",
+			"plugins[0].parameters.queueDepthTreshold (line 3): unknown field (did you mean queueDepthThreshold?)"},
+		{"band template", "flowControl:\n  defaultPriorityBand: {maxRequest: 5}\n",
+			"flowControl.defaultPriorityBand.maxRequest (line 2): unknown field (did you mean maxRequests?)"},
+		{"shared section", "sharedInFlight:\n  address: redis:6379\n  replicaID: a\n",
+			"sharedInFlight.replicaID (line 3): unknown field (did you mean replicaId?)"},
+		{"nothing close", "plugins:\n  - type: utilization-detector\n    parameters: {queueDepth: 5}\n",
+			"plugins[0].parameters.queueDepth (line 3): unknown field"},
+		{"nothing close, strict", "flowControl:\n  bands: []\n", "flowControl.bands (line 2): unknown field"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gateway.ParseConfig(strings.NewReader(tc.src))
+			require.Error(t, err)
+			require.Equal(t, "proxy: config: "+tc.want, err.Error())
+		})
+	}
+}
+
 // FuzzParseConfig: any input either parses into a configuration that holds
-// the invariants the proxy relies on, or is a "proxy: config:" error; never a
-// panic.
+// the invariants the proxy relies on, or is a "proxy: config:" error in the
+// file's terms (never yaml's Go types and tags); never a panic.
 func FuzzParseConfig(f *testing.F) {
 	if data, err := os.ReadFile("config.yaml"); err == nil {
 		f.Add(string(data))
@@ -148,11 +245,19 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("a: &a [*a]\n")
 	f.Add("plugins:\n  - {name: rr, type: round-robin-fairness-policy}\nflowControl:\n  defaultPriorityBand: {fairnessPolicyRef: rr, flowCapacity: 2}\n  priorityBands:\n    - {priority: 1, capacity: 3, orderingPolicyRef: edf-ordering-policy}\n")
 	f.Add("flowControl:\n  priorityBands:\n    - {priority: 1, fairness: fair-share, fairnessPolicyRef: program-aware-fairness, flowCapacity: 9}\n")
+	f.Add("flowControl:\n  priorityBands:\n    - &b {name: a, priority: 1}\n    - <<: *b\n      priority: two\n")
+	f.Add("saturationDetector: {kvCacheUtilThreshold: 80%, inFlightCredit: maybe, scrapeInterval: 50}\nflowControl: {burst: 2.5, objectives: [a]}\n")
+	f.Add("featureGates: &n [x]\nflowControl: {tick: *n, burst: *n}\nplugins:\n  - {type: static-usage-limit-policy, parameters: {threshold: high}}\n")
 	f.Fuzz(func(t *testing.T, src string) {
 		cfg, err := gateway.ParseConfig(strings.NewReader(src))
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "proxy: config: ") {
 				t.Fatalf("error without prefix: %v", err)
+			}
+			for _, raw := range []string{"cannot unmarshal", "not found in type", "already defined at", "already set in type"} {
+				if strings.Contains(err.Error(), raw) {
+					t.Fatalf("yaml's own message passed through: %v", err)
+				}
 			}
 			return
 		}

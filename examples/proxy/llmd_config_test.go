@@ -54,8 +54,10 @@ func TestParseConfigLLMDEndpointPickerConfig(t *testing.T) {
 func TestParseConfigLLMDErrors(t *testing.T) {
 	for _, tc := range []struct{ name, src, want string }{
 		{"bad quantity", "flowControl:\n  maxRequests: lots\n", `flowControl.maxRequests (line 2): "lots" is not a quantity`},
-		{"fractional quantity", "flowControl:\n  priorityBands:\n    - {priority: 1, maxRequests: 1.5}\n", "not a whole number"},
-		{"negative quantity", "flowControl:\n  priorityBands:\n    - {priority: 1, maxBytes: -1Gi}\n", "not a quantity"},
+		{"fractional quantity", "flowControl:\n  priorityBands:\n    - {priority: 1, maxRequests: 1.5}\n",
+			`flowControl.priorityBands[0].maxRequests (line 3): "1.5" is not a whole number of requests`},
+		{"negative quantity", "flowControl:\n  priorityBands:\n    - {priority: 1, maxBytes: -1Gi}\n",
+			`flowControl.priorityBands[0].maxBytes (line 3): "-1Gi" is negative: a number of bytes is 0 or more`},
 		{"capacity and maxRequests", "flowControl:\n  priorityBands:\n    - {priority: 1, capacity: 3, maxRequests: 3}\n", "give one"},
 		{"NUL in a band name", "flowControl:\n  priorityBands:\n    - {name: \"a\\0b\", priority: 1}\n", `flowControl.priorityBands[0].name (line 3)`},
 		{"control char in a name", "flowControl:\n  priorityBands:\n    - {name: \"a\\tb\", priority: 1}\n", "printable"},
@@ -78,6 +80,51 @@ func TestParseConfigLLMDErrors(t *testing.T) {
 			require.Error(t, err)
 			require.True(t, strings.HasPrefix(err.Error(), "proxy: config: "), err.Error())
 			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// TestParseConfigLLMDQuantities: maxRequests and maxBytes take every
+// Kubernetes quantity llm-d's resource.ParseQuantity takes, as a whole count;
+// a fraction, a negative or too large a value is refused naming the field,
+// its line and why.
+func TestParseConfigLLMDQuantities(t *testing.T) {
+	cfg, err := gateway.ParseConfig(strings.NewReader(`
+flowControl:
+  priorityBands:
+    - {priority: 5, maxRequests: 1e3, maxBytes: 1.5Gi}
+    - {priority: 4, maxRequests: 2k, maxBytes: 10Gi}
+    - {priority: 3, maxRequests: "+5", maxBytes: 1E}
+    - {priority: 2, maxRequests: 1E3, maxBytes: 128974848000m}
+    - {priority: 1, maxRequests: 0.5Ki, maxBytes: 129e6}
+`))
+	require.NoError(t, err)
+	var got [][2]int64
+	for _, b := range cfg.Bands {
+		got = append(got, [2]int64{int64(b.Capacity), b.MaxBytes})
+	}
+	require.Equal(t, [][2]int64{{1000, 3 << 29}, {2000, 10 << 30}, {5, 1e18}, {1000, 128974848}, {512, 129e6}}, got)
+
+	for _, tc := range []struct{ name, src, want string }{
+		{"milli bytes", "flowControl:\n  maxBytes: 500m\n",
+			`flowControl.maxBytes (line 2): "500m" is 0.5 bytes, not a whole number (m is milli, a thousandth: a million is M, 2^20 is Mi)`},
+		{"half a request", "flowControl:\n  priorityBands:\n    - {priority: 1}\n    - {priority: 2, maxRequests: 0.5}\n",
+			`flowControl.priorityBands[1].maxRequests (line 4): "0.5" is not a whole number of requests`},
+		{"milli requests in the template", "flowControl:\n  defaultPriorityBand:\n    maxRequests: 500m\n",
+			`flowControl.defaultPriorityBand.maxRequests (line 3): "500m" is 0.5 requests, not a whole number (m is milli, a thousandth: a million is M, 2^20 is Mi)`},
+		{"overflow", "flowControl:\n  maxBytes: 9Ei\n",
+			`flowControl.maxBytes (line 2): "9Ei" is too large: at most 4611686018427387903 bytes (2^62 − 1)`},
+		{"overflow by exponent", "flowControl:\n  maxRequests: 1e30\n",
+			`flowControl.maxRequests (line 2): "1e30" is too large: at most 4611686018427387903 requests (2^62 − 1)`},
+		{"a byte unit", "flowControl:\n  priorityBands:\n    - {priority: 1, maxBytes: 1GB}\n",
+			`flowControl.priorityBands[0].maxBytes (line 3): "1GB" is not a quantity: unknown suffix "GB": a quantity's suffix has no B (G is 10^9, Gi is 2^30)`},
+		{"a list", "flowControl:\n  maxBytes: [1Gi]\n",
+			`flowControl.maxBytes (line 2): must be a quantity such as 500, "1k" or "10Gi", not a list`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gateway.ParseConfig(strings.NewReader(tc.src))
+			require.Error(t, err)
+			require.True(t, strings.HasPrefix(err.Error(), "proxy: config: "+tc.want), err.Error())
 		})
 	}
 }

@@ -10,10 +10,9 @@ import (
 	"math"
 	"net"
 	"os"
-	"regexp"
+	"reflect"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -347,9 +346,10 @@ func LoadConfig(path string) (Config, error) {
 }
 
 // ParseConfig reads and validates a YAML configuration. Decoding is strict:
-// an unknown field, a duplicate key or a value of the wrong type is an error
-// naming the field's path and its line; a semantic error names the field's
-// path (and its line when the field was written).
+// an unknown field, a duplicate key or a value of the wrong type (a fraction
+// for a whole number included) is an error naming the field's path, its line,
+// the value as written and what the field takes (configerr.go); a semantic
+// error names the field's path (and its line when the field was written).
 func ParseConfig(r io.Reader) (Config, error) {
 	data, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
 	if err != nil {
@@ -361,13 +361,16 @@ func ParseConfig(r io.Reader) (Config, error) {
 	// The node tree maps error lines to field paths and paths to lines.
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return Config{}, fmt.Errorf("proxy: config: %w", err)
+		return Config{}, describeSyntaxError(err, data)
 	}
 	var fc fileConfig
+	if err := checkDecode(&root, "", reflect.TypeOf(fc)); err != nil {
+		return Config{}, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, describeDecodeError(err, &root)
+		return Config{}, describeDecodeError(err, "")
 	}
 	// A second document would be silently ignored: refuse it.
 	var extra yaml.Node
@@ -375,58 +378,6 @@ func ParseConfig(r io.Reader) (Config, error) {
 		return Config{}, errors.New("proxy: config: more than one YAML document")
 	}
 	return fc.resolve(&root)
-}
-
-var (
-	lineRe      = regexp.MustCompile(`^line (\d+): (.*)$`)
-	notFoundRe  = regexp.MustCompile(`^field (\S+) not found in type`)
-	badValueRe  = regexp.MustCompile("^cannot unmarshal \\S+(?: `([^`]*)`)? into")
-	durationTok = "time.Duration"
-)
-
-// describeDecodeError rewrites yaml's "line N: ..." messages so that each
-// names the field path it is about.
-func describeDecodeError(err error, root *yaml.Node) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return fmt.Errorf("proxy: config: %w", err)
-	}
-	msgs := make([]string, 0, len(te.Errors))
-	for _, e := range te.Errors {
-		m := lineRe.FindStringSubmatch(e)
-		if m == nil {
-			msgs = append(msgs, e)
-			continue
-		}
-		line, _ := strconv.Atoi(m[1])
-		rest := m[2]
-		path := ""
-		switch {
-		case notFoundRe.MatchString(rest):
-			key := notFoundRe.FindStringSubmatch(rest)[1]
-			path = findPath(root, func(k, _ *yaml.Node) bool { return k.Line == line && k.Value == key })
-			rest = "unknown field"
-		case badValueRe.MatchString(rest):
-			// yaml quotes a scalar's value (cut to 7 bytes and "..." when
-			// long); a sequence or mapping has none.
-			val := badValueRe.FindStringSubmatch(rest)[1]
-			scalar := strings.Contains(rest, "`")
-			path = findPath(root, func(_, v *yaml.Node) bool {
-				if v.Line != line || (v.Kind == yaml.ScalarNode) != scalar {
-					return false
-				}
-				return !scalar || strings.HasPrefix(v.Value, strings.TrimSuffix(val, "..."))
-			})
-			if strings.Contains(rest, durationTok) {
-				rest += ` (durations are strings such as "250ms" or "30s")`
-			}
-		}
-		if path == "" {
-			path = "?"
-		}
-		msgs = append(msgs, fmt.Sprintf("%s (line %d): %s", path, line, rest))
-	}
-	return fmt.Errorf("proxy: config: %s", strings.Join(msgs, "; "))
 }
 
 // walkYAML visits, innermost first, every mapping entry (key, value) and
@@ -469,13 +420,6 @@ func walkYAML(n *yaml.Node, path string, visit func(path string, k, v *yaml.Node
 		}
 	}
 	return "", false
-}
-
-// findPath returns the dotted path of the innermost mapping entry (key,
-// value) for which match holds, searching the whole tree; "" if none.
-func findPath(root *yaml.Node, match func(k, v *yaml.Node) bool) string {
-	p, _ := walkYAML(root, "", func(_ string, k, v *yaml.Node) bool { return k != nil && match(k, v) })
-	return p
 }
 
 // lineOf returns the line of the key (or sequence item) at a dotted path
@@ -619,7 +563,8 @@ func checkFlowCapacity(root *yaml.Node, b Band, path string) error {
 	return nil
 }
 
-// checkKeys refuses keys of a mapping node not in allowed, naming the field.
+// checkKeys refuses keys of a mapping node not in allowed, naming the field
+// and the allowed key it is likely a misspelling of, if any.
 func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
 	if n.Kind == 0 {
 		return nil
@@ -630,64 +575,41 @@ func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := n.Content[i].Value
 		if !slices.Contains(allowed, k) {
-			return fmt.Errorf("proxy: config: %s.%s (line %d): unknown field", path, k, n.Content[i].Line)
+			return fmt.Errorf("proxy: config: %s.%s (line %d): %s", path, k, n.Content[i].Line, unknownField(k, allowed))
 		}
 	}
 	return nil
 }
 
-// decodeNode decodes a node into v, with decode errors naming the field.
-func decodeNode(root, n *yaml.Node, v any) error {
+// decodeNode decodes the node at path into v, with decode errors naming the
+// field.
+func decodeNode(n *yaml.Node, path string, v any) error {
 	if n.Kind == 0 {
 		return nil
 	}
+	if err := checkDecode(n, path, reflect.TypeOf(v)); err != nil {
+		return err
+	}
 	if err := n.Decode(v); err != nil {
-		return describeDecodeError(err, root)
+		return describeDecodeError(err, path)
 	}
 	return nil
 }
 
-// quantitySuffixes are Kubernetes' quantity suffixes.
-var quantitySuffixes = []struct {
-	s string
-	m float64
-}{
-	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"Pi", 1 << 50}, {"Ei", 1 << 60},
-	{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18},
-}
-
-// parseQuantity reads a Kubernetes quantity as llm-d writes limits: a
-// non-negative number with an optional suffix (Ki, Mi, Gi, Ti, Pi, Ei, k,
-// M, G, T, P, E): "10Gi", "1k", "500", 1048576. The value must be a whole
-// number below 2^62.
-func parseQuantity(v string) (int64, error) {
-	num, mult := strings.TrimSpace(v), 1.0
-	for _, q := range quantitySuffixes {
-		if strings.HasSuffix(num, q.s) {
-			num, mult = strings.TrimSuffix(num, q.s), q.m
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || num == "" || strings.ContainsAny(num, "eExXpP_") || !finite(f) || f < 0 {
-		return 0, fmt.Errorf("%q is not a quantity (a number ≥ 0 with an optional suffix such as Ki, Mi, Gi, k, M)", v)
-	}
-	x := f * mult
-	if x >= 1<<62 || x != math.Trunc(x) {
-		return 0, fmt.Errorf("%q is not a whole number below 2^62", v)
-	}
-	return int64(x), nil
-}
-
-// quantityAt parses an optional quantity node at path; ok false if absent.
+// quantityAt parses an optional quantity node at path (a maxRequests, a
+// count of requests, or a maxBytes, of bytes); ok false if absent.
 func quantityAt(root, n *yaml.Node, path string) (v int64, ok bool, err error) {
 	if n.Kind == 0 {
 		return 0, false, nil
 	}
 	if n.Kind != yaml.ScalarNode {
-		return 0, false, fieldError(root, path, "must be a quantity such as 500, \"1k\" or \"10Gi\"")
+		return 0, false, fieldError(root, path, "must be a quantity such as 500, \"1k\" or \"10Gi\", not %s", describeNode(n))
 	}
-	v, err = parseQuantity(n.Value)
+	unit := "requests"
+	if strings.HasSuffix(path, "maxBytes") {
+		unit = "bytes"
+	}
+	v, err = parseQuantity(n.Value, unit)
 	if err != nil {
 		return 0, false, fieldError(root, path, "%v", err)
 	}
@@ -726,7 +648,11 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	// Plugins: names unique; policy types checked strictly; llm-d's
 	// utilization detector read; anything else ignored with a warning.
 	plugins := map[string]PolicyRef{}
-	detectors := map[string]filePlugin{}
+	type detector struct {
+		filePlugin
+		path string
+	}
+	detectors := map[string]detector{}
 	queuePlugins := map[string]string{} // fairness and ordering plugins: name → type
 	seen := map[string]bool{}
 	for i, p := range fc.Plugins {
@@ -751,7 +677,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			var params struct {
 				Threshold *float64 `yaml:"threshold"`
 			}
-			if err := decodeNode(root, &p.Parameters, &params); err != nil {
+			if err := decodeNode(&p.Parameters, path+".parameters", &params); err != nil {
 				return Config{}, err
 			}
 			ref.Threshold = 1.0
@@ -772,7 +698,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 				"metricsStalenessThreshold", "stalenessPolicy", "headroom"); err != nil {
 				return Config{}, err
 			}
-			detectors[name] = p
+			detectors[name] = detector{p, path}
 			continue
 		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
 			queuePlugins[name] = p.Type
@@ -802,7 +728,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 
 	// The saturation detector: llm-d's utilization-detector parameters,
 	// then flowgate's own saturationDetector section over them.
-	var det *filePlugin
+	var det *detector
 	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
 		d, ok := detectors[sdr.PluginRef]
 		if !ok {
@@ -824,7 +750,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			StalenessPolicy           string         `yaml:"stalenessPolicy"`
 			Headroom                  *float64       `yaml:"headroom"`
 		}
-		if err := decodeNode(root, &det.Parameters, &params); err != nil {
+		if err := decodeNode(&det.Parameters, det.path+".parameters", &params); err != nil {
 			return Config{}, err
 		}
 		if params.StalenessPolicy != "" && params.StalenessPolicy != "saturated" {
@@ -878,7 +804,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			return Config{}, err
 		}
 		var tmpl fileBand
-		if err := decodeNode(root, n, &tmpl); err != nil {
+		if err := decodeNode(n, path, &tmpl); err != nil {
 			return Config{}, err
 		}
 		if tmplQueue, err = bandQueueing(root, tmpl, path, queuePlugins, Band{}, warn); err != nil {
