@@ -163,6 +163,7 @@ arrivals:
 	go func() { wg.Wait(); close(allDone) }()
 	drain := time.NewTimer(spec.Drain)
 	defer drain.Stop()
+	done := ctx.Done()
 wait:
 	for {
 		select {
@@ -174,8 +175,9 @@ wait:
 			}
 		case <-drain.C:
 			cancelReqs()
-		case <-ctx.Done():
+		case <-done:
 			cancelReqs()
+			done = nil // closed for good: selecting on it again would spin
 		}
 	}
 	res.Wall = time.Since(start)
