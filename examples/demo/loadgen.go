@@ -42,6 +42,10 @@ type LoadSpec struct {
 	// (no per-token events), which keeps a loaded test machine from
 	// slowing the real-time backends.
 	PlainSheddable bool
+	// FirstToken, if set, is called from the request's goroutine when a
+	// streamed request reads its first token, with its class and TTFT
+	// (the watch mode's live view).
+	FirstToken func(critical bool, ttft time.Duration)
 }
 
 // ClassResult is what one class of requests (critical or sheddable) saw.
@@ -151,11 +155,16 @@ arrivals:
 		in := min(a.Input, maxIn)
 		stream := a.Critical || !spec.PlainSheddable
 		body := `{"model":"demo","prompt":"` + prompt[:4*in] + `","max_tokens":` + strconv.Itoa(a.Output) + `,"stream":` + strconv.FormatBool(stream) + `}`
+		var onFirst func(time.Duration)
+		if spec.FirstToken != nil {
+			critical := a.Critical
+			onFirst = func(ttft time.Duration) { spec.FirstToken(critical, ttft) }
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer finished.Add(1)
-			one(reqCtx, client, target, objective, body, stream, cls)
+			one(reqCtx, client, target, objective, body, stream, cls, onFirst)
 		}()
 	}
 	// Drain: wait for every response, cancelling what is left at the bound.
@@ -192,8 +201,9 @@ var (
 	doneEvent  = []byte("data: [DONE]")
 )
 
-// one sends a streaming request and records its outcome in cls.
-func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult) {
+// one sends a request and records its outcome in cls; onFirst, if set, is
+// called when a stream's first token is read.
+func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult, onFirst func(time.Duration)) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, strings.NewReader(body))
 	if err != nil {
 		cls.record(func() { cls.Errors++ })
@@ -244,6 +254,9 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		if bytes.HasPrefix(line, dataPrefix) {
 			if ttft == 0 {
 				ttft = time.Since(sentAt)
+				if onFirst != nil {
+					onFirst(ttft)
+				}
 			}
 			if bytes.HasPrefix(line, doneEvent) {
 				complete = true
@@ -264,6 +277,20 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		cls.TTFT = append(cls.TTFT, ttft)
 		cls.E2E = append(cls.E2E, e2e)
 	})
+}
+
+// Counts returns, consistently while the load runs, the requests sent, those
+// answered with a status other than 200 (refused: 429, 503...) and those
+// that got no response at all.
+func (c *ClassResult) Counts() (sent, refused, noResponse int) {
+	c.statusMu.Lock()
+	defer c.statusMu.Unlock()
+	for code, n := range c.Status {
+		if code != http.StatusOK {
+			refused += n
+		}
+	}
+	return c.Sent, refused, c.Errors
 }
 
 func (c *ClassResult) record(f func()) {
