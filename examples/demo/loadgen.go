@@ -46,6 +46,9 @@ type LoadSpec struct {
 	// streamed request reads its first token, with its class and TTFT
 	// (the watch mode's live view).
 	FirstToken func(critical bool, ttft time.Duration)
+	// Done, if set, is called from the request's goroutine when a request
+	// has ended, with its class and HTTP status (0: no response).
+	Done func(critical bool, status int)
 }
 
 // ClassResult is what one class of requests (critical or sheddable) saw.
@@ -155,16 +158,19 @@ arrivals:
 		in := min(a.Input, maxIn)
 		stream := a.Critical || !spec.PlainSheddable
 		body := `{"model":"demo","prompt":"` + prompt[:4*in] + `","max_tokens":` + strconv.Itoa(a.Output) + `,"stream":` + strconv.FormatBool(stream) + `}`
+		critical := a.Critical
 		var onFirst func(time.Duration)
 		if spec.FirstToken != nil {
-			critical := a.Critical
 			onFirst = func(ttft time.Duration) { spec.FirstToken(critical, ttft) }
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer finished.Add(1)
-			one(reqCtx, client, target, objective, body, stream, cls, onFirst)
+			status := one(reqCtx, client, target, objective, body, stream, cls, onFirst)
+			if spec.Done != nil {
+				spec.Done(critical, status)
+			}
 		}()
 	}
 	// Drain: wait for every response, cancelling what is left at the bound.
@@ -201,13 +207,14 @@ var (
 	doneEvent  = []byte("data: [DONE]")
 )
 
-// one sends a request and records its outcome in cls; onFirst, if set, is
-// called when a stream's first token is read.
-func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult, onFirst func(time.Duration)) {
+// one sends a request, records its outcome in cls and returns its HTTP
+// status (0: no response); onFirst, if set, is called when a stream's first
+// token is read.
+func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult, onFirst func(time.Duration)) int {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, strings.NewReader(body))
 	if err != nil {
 		cls.record(func() { cls.Errors++ })
-		return
+		return 0
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(gateway.ObjectiveHeader, objective)
@@ -215,7 +222,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 	resp, err := client.Do(req)
 	if err != nil {
 		cls.record(func() { cls.Errors++ })
-		return
+		return 0
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -227,7 +234,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 				cls.Reasons[reason]++
 			}
 		})
-		return
+		return resp.StatusCode
 	}
 	if !stream {
 		var out struct {
@@ -244,7 +251,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 			cls.Completed++
 			cls.E2E = append(cls.E2E, e2e)
 		})
-		return
+		return http.StatusOK
 	}
 	br := bufio.NewReaderSize(resp.Body, 4096)
 	var ttft time.Duration
@@ -277,20 +284,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		cls.TTFT = append(cls.TTFT, ttft)
 		cls.E2E = append(cls.E2E, e2e)
 	})
-}
-
-// Counts returns, consistently while the load runs, the requests sent, those
-// answered with a status other than 200 (refused: 429, 503...) and those
-// that got no response at all.
-func (c *ClassResult) Counts() (sent, refused, noResponse int) {
-	c.statusMu.Lock()
-	defer c.statusMu.Unlock()
-	for code, n := range c.Status {
-		if code != http.StatusOK {
-			refused += n
-		}
-	}
-	return c.Sent, refused, c.Errors
+	return http.StatusOK
 }
 
 func (c *ClassResult) record(f func()) {
