@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -21,6 +22,14 @@ func main() {
 	contrast := flag.String("contrast", "", "with -watch: then the same load again with `none` (no flow control) or static (the constant ceiling 1.0), for contrast")
 	backendPrio := flag.Bool("backend-priority", false, "also run each policy with backend priority: the fake servers schedule by priority (vLLM --scheduling-policy priority) and the proxy writes the band into each body (bodyPriority: set)")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *watch && (set["config"] || set["compare"] || set["backend-priority"]) {
+		fatal(errors.New("demo: -watch runs the proxy at its defaults, alone: -config, -compare and -backend-priority do not apply"))
+	}
+	if *contrast != "" && !*watch {
+		fatal(errors.New("demo: -contrast goes with -watch"))
+	}
 
 	cfg := gateway.DefaultConfig()
 	// Compare the policies as the published experiment did: the reference
@@ -44,11 +53,9 @@ func main() {
 		context.AfterFunc(ctx, stop)
 		wl := watchLoad()
 		wl.QPS, wl.SpeedUp = load.QPS, load.SpeedUp
-		flag.Visit(func(f *flag.Flag) {
-			if f.Name == "duration" {
-				wl.Duration = *duration
-			}
-		})
+		if set["duration"] {
+			wl.Duration = *duration
+		}
 		if _, err := RunWatch(ctx, WatchSpec{Backends: 2, Load: wl, Contrast: *contrast, Out: os.Stdout}); err != nil {
 			fatal(err)
 		}
