@@ -18,7 +18,7 @@ func main() {
 	speedUp := flag.Float64("speedup", demoLoad().SpeedUp, "the fake backends run the model this many times faster than real time")
 	duration := flag.Duration("duration", demoLoad().Duration, "wall-clock duration of the load per policy")
 	compare := flag.Int("compare", 0, "instead: run this many interleaved rounds of the same load through examples/proxy, examples/embed and examples/embed -no-credit, each built and run as its own process at its defaults")
-	watch := flag.Bool("watch", false, "instead: watch protection happen: one overloaded minute (-duration, default 60s here) through the proxy at its defaults, a live line a second, then a summary")
+	watch := flag.Bool("watch", false, "instead: watch protection happen: one overloaded minute (-qps 18 and -duration 60s by default here) through the proxy at its defaults, a live line a second, then a summary")
 	contrast := flag.String("contrast", "", "with -watch: then the same load again with `none` (no flow control) or static (the constant ceiling 1.0), for contrast")
 	backendPrio := flag.Bool("backend-priority", false, "also run each policy with backend priority: the fake servers schedule by priority (vLLM --scheduling-policy priority) and the proxy writes the band into each body (bodyPriority: set)")
 	flag.Parse()
@@ -51,8 +51,13 @@ func main() {
 		// is printed); a second one, with the default behaviour back,
 		// kills.
 		context.AfterFunc(ctx, stop)
-		wl := watchLoad()
-		wl.QPS, wl.SpeedUp = load.QPS, load.SpeedUp
+		wl := watchLoad() // its own defaults, unless the flags are given
+		if set["qps"] {
+			wl.QPS = *qps
+		}
+		if set["speedup"] {
+			wl.SpeedUp = *speedUp
+		}
 		if set["duration"] {
 			wl.Duration = *duration
 		}
