@@ -130,7 +130,8 @@ func watchPhase(ctx context.Context, spec WatchSpec, pol watchPolicy, out io.Wri
 	defer client.CloseIdleConnections()
 
 	fmt.Fprintf(out, "\n%s (%s)\n", pol.name, pol.desc)
-	fmt.Fprintf(out, "%7s %5s  %-13s  %-11s  %-28s  %-28s\n", "", "", "queued", "in flight", "critical TTFT, last "+fmtSeconds(spec.Window), "sheddable TTFT, last "+fmtSeconds(spec.Window))
+	fmt.Fprintln(out, strings.TrimRight(fmt.Sprintf("%7s %5s  %-13s  %-11s  %-28s  %-28s", "", "", "queued", "in flight",
+		"critical TTFT, last "+fmtSeconds(spec.Window), "sheddable TTFT, last "+fmtSeconds(spec.Window)), " "))
 	fmt.Fprintf(out, "%7s %5s  %6s %6s  %-11s  %7s %7s %12s  %7s %7s %12s\n", "time", "sat.", "crit", "shed", "by server", "p50", "p99", "refused", "p50", "p99", "refused")
 
 	var mu sync.Mutex
