@@ -148,6 +148,7 @@ func watchPhase(ctx context.Context, spec WatchSpec, pol watchPolicy, out io.Wri
 	}
 	start := time.Now()
 	var peak [2]int
+	staleSeen := false
 	// line prints the state at now, elapsed since start formatted by
 	// elapsed.
 	line := func(now time.Time, elapsed func(time.Duration) string) {
@@ -158,12 +159,18 @@ func watchPhase(ctx context.Context, spec WatchSpec, pol watchPolicy, out io.Wri
 		for _, n := range st.proxy.InFlight() {
 			inflight = append(inflight, fmt.Sprint(n))
 		}
+		stale := ""
+		for _, r := range st.proxy.Poller().Readings() {
+			if !r.Usable {
+				stale, staleSeen = "*", true
+			}
+		}
 		p50, p99 := w.quantiles(now)
 		mu.Lock()
 		r := refused
 		mu.Unlock()
-		fmt.Fprintf(out, "%7s %5.2f  %6d %6d  %-11s  %7s %7s %12d  %7s %7s %12d\n",
-			elapsed(now.Sub(start)), st.proxy.Poller().Saturation(), q[0], q[1],
+		fmt.Fprintf(out, "%7s %5.2f%1s %6d %6d  %-11s  %7s %7s %12d  %7s %7s %12d\n",
+			elapsed(now.Sub(start)), st.proxy.Poller().Saturation(), stale, q[0], q[1],
 			strings.Join(inflight, " "), fmtTTFT(p50[0]), fmtTTFT(p99[0]), r[0], fmtTTFT(p50[1]), fmtTTFT(p99[1]), r[1])
 	}
 	stopLive := make(chan struct{})
@@ -193,6 +200,9 @@ func watchPhase(ctx context.Context, spec WatchSpec, pol watchPolicy, out io.Wri
 		return nil, err
 	}
 	line(time.Now(), fmtTenths)
+	if staleSeen {
+		fmt.Fprintf(out, "  * a server's metrics were late or failing then: it counts as saturated (1), the poller's fail-safe\n")
+	}
 	ph := &WatchPhase{Name: pol.name, Load: res, Lost: st.lost(res.Wall), Interrupted: ctx.Err() != nil, PeakQueued: peak}
 	if ph.Interrupted {
 		fmt.Fprintf(out, "  -- interrupted at %s: the requests still open were cancelled --\n", fmtTenths(res.Wall))

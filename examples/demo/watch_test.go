@@ -12,7 +12,7 @@ import (
 )
 
 // liveLine matches one live line: elapsed seconds, then the saturation.
-var liveLine = regexp.MustCompile(`(?m)^ +\d+(\.\d)?s +\d+\.\d\d +\d+ +\d+ `)
+var liveLine = regexp.MustCompile(`(?m)^ +\d+(\.\d)?s +\d+\.\d\d\*? +\d+ +\d+ `)
 
 // TestWatch runs the watch mode for a few seconds of arrivals, with the
 // no-flow-control contrast, and once interrupted (Ctrl-C) mid-run. It checks
