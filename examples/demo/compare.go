@@ -185,7 +185,7 @@ func runProgram(ctx context.Context, spec CompareSpec, bin string, p gatewayProg
 	}
 	// Let the gateway scrape the idle backends once before the load.
 	time.Sleep(200 * time.Millisecond)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, DisableCompression: true}}
+	client := newClient()
 	defer client.CloseIdleConnections()
 	load, err := RunLoad(ctx, client, "http://"+addr+"/v1/completions", spec.Load, nil)
 	if err != nil {

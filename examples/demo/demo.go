@@ -61,22 +61,25 @@ func listen(h http.Handler) (*http.Server, string, error) {
 	return srv, "http://" + ln.Addr().String(), nil
 }
 
-// RunPhase starts fresh fake backends and a proxy with the given policy,
-// runs the load through the proxy over loopback HTTP, then shuts everything
-// down.
-func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (res *PhaseResult, err error) {
-	out := spec.Out
-	if out == nil {
-		out = io.Discard
-	}
-	var fakes []*fakevllm.Server
-	var servers []*http.Server
+// stack is one run's fake backends and the proxy in front of them, each
+// serving on a loopback port.
+type stack struct {
+	fakes   []*fakevllm.Server
+	servers []*http.Server
+	proxy   *gateway.Proxy
+	psrv    *http.Server
+	url     string // the proxy's base URL
+	stopped bool
+}
+
+// startStack starts spec.Backends fresh fake backends and the proxy with
+// the given policy (spec.Config's times scaled by the speed-up). On error
+// what was started is closed.
+func startStack(spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (_ *stack, err error) {
+	s := &stack{}
 	defer func() {
-		for _, s := range servers {
-			_ = s.Close()
-		}
-		for _, f := range fakes {
-			f.Close()
+		if err != nil {
+			s.close()
 		}
 	}()
 	var urls []string
@@ -89,12 +92,12 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 		if err != nil {
 			return nil, err
 		}
-		fakes = append(fakes, f)
+		s.fakes = append(s.fakes, f)
 		srv, url, err := listen(f)
 		if err != nil {
 			return nil, err
 		}
-		servers = append(servers, srv)
+		s.servers = append(s.servers, srv)
 		urls = append(urls, url)
 	}
 	cfg := scaleConfig(spec.Config, spec.Load.SpeedUp)
@@ -107,14 +110,73 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 		return nil, err
 	}
 	p.Start()
-	psrv, purl, err := listen(p)
-	if err != nil {
-		p.Close()
+	s.proxy = p
+	if s.psrv, s.url, err = listen(p); err != nil {
 		return nil, err
 	}
-	client := &http.Client{Transport: &http.Transport{
+	return s, nil
+}
+
+// stopProxy stops the proxy gracefully: it stops accepting, answers what is
+// queued, and lets the rest finish (10 s at most). Idempotent.
+func (s *stack) stopProxy() {
+	if s.stopped || s.proxy == nil {
+		return
+	}
+	s.stopped = true
+	s.proxy.Drain()
+	if s.psrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = s.psrv.Shutdown(sctx)
+		cancel()
+	}
+	s.proxy.Close()
+}
+
+// close stops the proxy (if still running), then the fake backends.
+func (s *stack) close() {
+	s.stopProxy()
+	for _, srv := range s.servers {
+		_ = srv.Close()
+	}
+	for _, f := range s.fakes {
+		f.Close()
+	}
+}
+
+// lost is the largest share of wall by which a fake backend fell behind
+// real time (PhaseResult.Lost).
+func (s *stack) lost(wall time.Duration) float64 {
+	l := 0.0
+	for _, f := range s.fakes {
+		l = max(l, f.Lost().Seconds()/wall.Seconds())
+	}
+	return l
+}
+
+// newClient is the load's HTTP client: enough idle connections for an
+// open-loop load, no compression.
+func newClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, DisableCompression: true,
 	}}
+}
+
+// RunPhase starts fresh fake backends and a proxy with the given policy,
+// runs the load through the proxy over loopback HTTP, then shuts everything
+// down.
+func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (*PhaseResult, error) {
+	out := spec.Out
+	if out == nil {
+		out = io.Discard
+	}
+	st, err := startStack(spec, policy, backendPriority)
+	if err != nil {
+		return nil, err
+	}
+	defer st.close()
+	p := st.proxy
+	client := newClient()
 	defer client.CloseIdleConnections()
 
 	name := policy.Type
@@ -130,22 +192,13 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 		fmt.Fprintf(out, "\r  %-32s sent %5d  finished %5d  queued %4d  in flight %v  saturation %5.2f ",
 			name, sent, finished, queued, p.InFlight(), st.Saturation)
 	}
-	load, err := RunLoad(ctx, client, purl+"/v1/completions", spec.Load, progress)
+	load, err := RunLoad(ctx, client, st.url+"/v1/completions", spec.Load, progress)
 	fmt.Fprintln(out)
-	// Graceful: stop accepting, answer what is queued, let the rest finish.
-	p.Drain()
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_ = psrv.Shutdown(sctx)
-	cancel()
-	p.Close()
+	st.stopProxy()
 	if err != nil {
 		return nil, err
 	}
-	res = &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers()}
-	for _, f := range fakes {
-		res.Lost = max(res.Lost, f.Lost().Seconds()/load.Wall.Seconds())
-	}
-	return res, nil
+	return &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers(), Lost: st.lost(load.Wall)}, nil
 }
 
 // scaleConfig divides the proxy's time settings by the speed-up: the fake

@@ -42,6 +42,13 @@ type LoadSpec struct {
 	// (no per-token events), which keeps a loaded test machine from
 	// slowing the real-time backends.
 	PlainSheddable bool
+	// FirstToken, if set, is called from the request's goroutine when a
+	// streamed request reads its first token, with its class and TTFT
+	// (the watch mode's live view).
+	FirstToken func(critical bool, ttft time.Duration)
+	// Done, if set, is called from the request's goroutine when a request
+	// has ended, with its class and HTTP status (0: no response).
+	Done func(critical bool, status int)
 }
 
 // ClassResult is what one class of requests (critical or sheddable) saw.
@@ -151,11 +158,19 @@ arrivals:
 		in := min(a.Input, maxIn)
 		stream := a.Critical || !spec.PlainSheddable
 		body := `{"model":"demo","prompt":"` + prompt[:4*in] + `","max_tokens":` + strconv.Itoa(a.Output) + `,"stream":` + strconv.FormatBool(stream) + `}`
+		critical := a.Critical
+		var onFirst func(time.Duration)
+		if spec.FirstToken != nil {
+			onFirst = func(ttft time.Duration) { spec.FirstToken(critical, ttft) }
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer finished.Add(1)
-			one(reqCtx, client, target, objective, body, stream, cls)
+			status := one(reqCtx, client, target, objective, body, stream, cls, onFirst)
+			if spec.Done != nil {
+				spec.Done(critical, status)
+			}
 		}()
 	}
 	// Drain: wait for every response, cancelling what is left at the bound.
@@ -163,6 +178,7 @@ arrivals:
 	go func() { wg.Wait(); close(allDone) }()
 	drain := time.NewTimer(spec.Drain)
 	defer drain.Stop()
+	done := ctx.Done()
 wait:
 	for {
 		select {
@@ -174,8 +190,9 @@ wait:
 			}
 		case <-drain.C:
 			cancelReqs()
-		case <-ctx.Done():
+		case <-done:
 			cancelReqs()
+			done = nil // closed for good: selecting on it again would spin
 		}
 	}
 	res.Wall = time.Since(start)
@@ -190,12 +207,14 @@ var (
 	doneEvent  = []byte("data: [DONE]")
 )
 
-// one sends a streaming request and records its outcome in cls.
-func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult) {
+// one sends a request, records its outcome in cls and returns its HTTP
+// status (0: no response); onFirst, if set, is called when a stream's first
+// token is read.
+func one(ctx context.Context, client *http.Client, target, objective, body string, stream bool, cls *ClassResult, onFirst func(time.Duration)) int {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, strings.NewReader(body))
 	if err != nil {
 		cls.record(func() { cls.Errors++ })
-		return
+		return 0
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(gateway.ObjectiveHeader, objective)
@@ -203,7 +222,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 	resp, err := client.Do(req)
 	if err != nil {
 		cls.record(func() { cls.Errors++ })
-		return
+		return 0
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -215,7 +234,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 				cls.Reasons[reason]++
 			}
 		})
-		return
+		return resp.StatusCode
 	}
 	if !stream {
 		var out struct {
@@ -232,7 +251,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 			cls.Completed++
 			cls.E2E = append(cls.E2E, e2e)
 		})
-		return
+		return http.StatusOK
 	}
 	br := bufio.NewReaderSize(resp.Body, 4096)
 	var ttft time.Duration
@@ -242,6 +261,9 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		if bytes.HasPrefix(line, dataPrefix) {
 			if ttft == 0 {
 				ttft = time.Since(sentAt)
+				if onFirst != nil {
+					onFirst(ttft)
+				}
 			}
 			if bytes.HasPrefix(line, doneEvent) {
 				complete = true
@@ -262,6 +284,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		cls.TTFT = append(cls.TTFT, ttft)
 		cls.E2E = append(cls.E2E, e2e)
 	})
+	return http.StatusOK
 }
 
 func (c *ClassResult) record(f func()) {

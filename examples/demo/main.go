@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -17,8 +18,18 @@ func main() {
 	speedUp := flag.Float64("speedup", demoLoad().SpeedUp, "the fake backends run the model this many times faster than real time")
 	duration := flag.Duration("duration", demoLoad().Duration, "wall-clock duration of the load per policy")
 	compare := flag.Int("compare", 0, "instead: run this many interleaved rounds of the same load through examples/proxy, examples/embed and examples/embed -no-credit, each built and run as its own process at its defaults")
+	watch := flag.Bool("watch", false, "instead: watch protection happen: one overloaded minute (-qps 18 and -duration 60s by default here) through the proxy at its defaults, a live line a second, then a summary")
+	contrast := flag.String("contrast", "", "with -watch: then the same load again with `none` (no flow control) or static (the constant ceiling 1.0), for contrast")
 	backendPrio := flag.Bool("backend-priority", false, "also run each policy with backend priority: the fake servers schedule by priority (vLLM --scheduling-policy priority) and the proxy writes the band into each body (bodyPriority: set)")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *watch && (set["config"] || set["compare"] || set["backend-priority"]) {
+		fatal(errors.New("demo: -watch runs the proxy at its defaults, alone: -config, -compare and -backend-priority do not apply"))
+	}
+	if *contrast != "" && !*watch {
+		fatal(errors.New("demo: -contrast goes with -watch"))
+	}
 
 	cfg := gateway.DefaultConfig()
 	// Compare the policies as the published experiment did: the reference
@@ -35,6 +46,26 @@ func main() {
 	defer stop()
 	load := demoLoad()
 	load.QPS, load.SpeedUp, load.Duration = *qps, *speedUp, *duration
+	if *watch {
+		// One Ctrl-C stops gracefully (the summary of what was measured
+		// is printed); a second one, with the default behaviour back,
+		// kills.
+		context.AfterFunc(ctx, stop)
+		wl := watchLoad() // its own defaults, unless the flags are given
+		if set["qps"] {
+			wl.QPS = *qps
+		}
+		if set["speedup"] {
+			wl.SpeedUp = *speedUp
+		}
+		if set["duration"] {
+			wl.Duration = *duration
+		}
+		if _, err := RunWatch(ctx, WatchSpec{Backends: 2, Load: wl, Contrast: *contrast, Out: os.Stdout}); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	if *compare > 0 {
 		if _, err := RunCompare(ctx, CompareSpec{Rounds: *compare, Backends: 2, Load: load, Out: os.Stdout}); err != nil {
 			fatal(err)
