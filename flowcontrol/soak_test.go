@@ -19,15 +19,37 @@ import (
 	"github.com/flowgate/flowgate/saturation"
 )
 
-// The soak suite. Short by default (it runs in CI, under -race too);
+// The soak suite. Three sizes: the default (a developer's go test ./...),
+// full with FLOWGATE_FULL=1 (.ci/run sets it; it runs under -race too),
+// and
 //
 //	FLOWGATE_SOAK=long go test -run 'Soak' -v ./flowcontrol/
 //
-// runs 1,000,000 requests instead. Both modes stop by themselves: a fixed
-// request count, and a wall-clock bound that fails the test if exceeded.
+// which runs 1,000,000 requests. Each test logs the size it ran. All stop by
+// themselves: a fixed request count, and a wall-clock bound that fails the
+// test if exceeded (a hang detector, minutes beyond what a run takes).
 
 // soakLong reports whether FLOWGATE_SOAK=long is set.
 func soakLong() bool { return os.Getenv("FLOWGATE_SOAK") == "long" }
+
+// fullSize reports whether FLOWGATE_FULL=1 asks for the full size.
+func fullSize() bool { return os.Getenv("FLOWGATE_FULL") == "1" }
+
+// soakSize picks one of the three sizes (counts of what) and logs which it
+// ran.
+func soakSize(t *testing.T, what string, small, full, long int) int {
+	t.Helper()
+	switch {
+	case soakLong():
+		t.Logf("size: long (FLOWGATE_SOAK=long): %d %s", long, what)
+		return long
+	case fullSize():
+		t.Logf("size: full (FLOWGATE_FULL=1): %d %s", full, what)
+		return full
+	}
+	t.Logf("size: default: %d %s (FLOWGATE_FULL=1: %d)", small, what, full)
+	return small
+}
 
 // rawSat is a saturation source returning whatever was stored, NaN and
 // infinities included: it stands for a broken host source, so that the
@@ -100,7 +122,8 @@ type soakCounts struct {
 
 const soakBands = 4
 
-// TestSoakController drives N requests (1 M with FLOWGATE_SOAK=long) through
+// TestSoakController drives N requests (20,000; 100,000 with FLOWGATE_FULL=1;
+// 1 M with FLOWGATE_SOAK=long) through
 // a Controller running on the real clock from 64 goroutines, with random
 // deadlines and cancellations, a hot band that moves across the bands, and
 // a few unknown bands, while the saturation flaps through NaN, ±Inf,
@@ -123,12 +146,14 @@ const soakBands = 4
 //   - the policy only ever saw sanitised saturations, and band 0 was never
 //     gated.
 func TestSoakController(t *testing.T) {
-	n, bound := 100_000, 2*time.Minute
+	n := soakSize(t, "requests", 20_000, 100_000, 1_000_000)
+	bound := 2 * time.Minute
 	if soakLong() {
-		n, bound = 1_000_000, 30*time.Minute
+		bound = 30 * time.Minute
 	}
 	if testing.Short() {
 		n = 10_000
+		t.Logf("-short: %d requests", n)
 	}
 	const goroutines = 64
 	start := time.Now()
@@ -459,18 +484,16 @@ func heapAfterGC() uint64 {
 // TestSoakMemoryBounded: a band at capacity under sustained overload
 // rejects with ErrQueueFull instead of growing. The sheddable band is held
 // (saturation far above 1 blocks it) with Capacity waiters queued; then
-// 8 goroutines push 100× the capacity more (1000× with FLOWGATE_SOAK=long).
-// Every extra Wait must fail at once with ErrQueueFull, the band must hold
-// exactly Capacity, and the live heap after GC must not grow by more than
-// 256 KiB — a queue that grew would need at least a pointer per request,
-// 800 KiB here, and a parked goroutine (kilobytes of stack) per waiter.
+// 8 goroutines push 50× the capacity more (100× with FLOWGATE_FULL=1, 1000×
+// with FLOWGATE_SOAK=long). Every extra Wait must fail at once with
+// ErrQueueFull, the band must hold exactly Capacity, and the live heap after
+// GC must not grow by more than 256 KiB — a queue that grew would need at
+// least a pointer per request, 400 KiB at the default size (800 KiB full),
+// and a parked goroutine (kilobytes of stack) per waiter.
 // Close then ends every queued waiter with ErrClosed.
 func TestSoakMemoryBounded(t *testing.T) {
 	const capacity = 1024
-	overload := 100 * capacity
-	if soakLong() {
-		overload = 1000 * capacity
-	}
+	overload := soakSize(t, "overload Waits", 50*capacity, 100*capacity, 1000*capacity)
 	c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{Config: flowcontrol.Config{Bands: bandsOf(2, capacity), Source: newSat(1e6), Tick: time.Millisecond}, Stepped: true})
 	if err != nil {
 		t.Fatal(err)

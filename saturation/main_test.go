@@ -23,6 +23,24 @@ func scale() int {
 	return 1
 }
 
+// fullSize reports whether FLOWGATE_FULL=1 asks for the scale tests at full
+// size (.ci/run sets it); otherwise they run smaller, and say so.
+func fullSize() bool { return os.Getenv("FLOWGATE_FULL") == "1" }
+
+// scalePods is the pool size of the scale tests: 1,000 pods at full size,
+// 300 otherwise, still well above what the descriptor bound of
+// TestPoller1000PodsPoll allows were the poller to keep a connection per
+// pod (2·DefaultMaxConcurrency+8 = 136).
+func scalePods(t testing.TB) int {
+	t.Helper()
+	if fullSize() {
+		t.Logf("full size (FLOWGATE_FULL=1): 1000 pods")
+		return 1000
+	}
+	t.Logf("default size: 300 pods (FLOWGATE_FULL=1 runs 1000)")
+	return 300
+}
+
 // fakeClock is a settable clock for staleness and smoothing tests.
 type fakeClock struct {
 	mu sync.Mutex

@@ -46,14 +46,26 @@ func manyPods(t testing.TB, n int) []string {
 // that they test correctness under load, not the machine's speed.
 const scaleTimeout = 5 * time.Second
 
-// TestPoller1000PodsPoll: a round over 1,000 healthy loopback pods under the
-// default MaxConcurrency, each scrape with its own timeout, leaves every pod
-// usable and the pool at its true 0.5. (Before per-scrape timeouts and
-// bounded concurrency, every scrape started at once under one 100 ms budget
-// and 47 of 1,000 came back.) Staleness runs on a fake clock, so the test
-// measures the scrapes, not how long the machine takes for the round.
+// TestPoller1000PodsPoll: a round over 1,000 healthy loopback pods (300
+// unless FLOWGATE_FULL=1) under the default MaxConcurrency, each scrape
+// with its own timeout, leaves every pod usable and the pool at its true
+// 0.5. (Before per-scrape timeouts and bounded concurrency, every scrape
+// started at once under one 100 ms budget and 47 of 1,000 came back.)
+// Staleness runs on a fake clock, so the test measures the scrapes, not how
+// long the machine takes for the round.
+//
+// Descriptors: the client keeps at most MaxConcurrency idle connections to
+// the one host. A few more may be dialled during the round (a request whose
+// slot freed before the previous connection was back in the idle pool dials
+// a new one), and the client closes the surplus at once, but the server
+// closes its ends only when it reads the EOF, on its own goroutines: right
+// after the round, a busy machine may still hold a few. So the bound is
+// checked once they have settled (polled, with a bound), and after Close
+// the descriptors return to where they were before the round. A poller
+// that kept a connection per pod holds them for good and fails both.
 func TestPoller1000PodsPoll(t *testing.T) {
-	eps := manyPods(t, 1000)
+	n := scalePods(t)
+	eps := manyPods(t, n)
 	clk := newFakeClock()
 	// A timeout that a starved CI machine cannot hit: the test is about
 	// scheduling and bounded concurrency; BenchmarkPollerRound1000 measures
@@ -70,12 +82,41 @@ func TestPoller1000PodsPoll(t *testing.T) {
 			usable++
 		}
 	}
-	assert.Equal(t, 1000, usable)
+	assert.Equal(t, n, usable)
 	assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
-	if fds >= 0 {
-		// Client and server ends of at most MaxConcurrency connections,
-		// plus the runtime's own few (the network poller's): not 1,000.
-		assert.LessOrEqual(t, openFDs(t)-fds, 2*DefaultMaxConcurrency+8, "descriptors held after a round")
+	if fds < 0 {
+		t.Log("no /proc/self/fd: descriptors not checked")
+		return
+	}
+	// Client and server ends of at most MaxConcurrency connections, plus
+	// the runtime's own few (the network poller's): not one per pod.
+	right := openFDs(t) - fds
+	held := fdsSettle(t, fds, 2*DefaultMaxConcurrency+8)
+	t.Logf("descriptors held after the round: %d right after it, %d once settled (bound %d)", right, held, 2*DefaultMaxConcurrency+8)
+	require.NoError(t, p.Close())
+	// Close drops the idle connections: back to where the round started
+	// (the same few of slack).
+	fdsSettle(t, fds, 8)
+}
+
+// fdsSettle waits until this process holds at most limit descriptors more
+// than base, and fails the test with the count if that has not happened
+// within a bound that only a hang reaches. It returns the count it saw.
+func fdsSettle(t *testing.T, base, limit int) int {
+	t.Helper()
+	const bound = time.Minute
+	deadline := time.Now().Add(bound)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		held := openFDs(t) - base
+		if held <= limit {
+			return held
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d descriptors held (more than %d) %v after the round", held, limit, bound)
+		}
+		<-tick.C // the poll's pace; the deadline above bounds it
 	}
 }
 
@@ -89,7 +130,8 @@ func openFDs(t *testing.T) int {
 	return len(entries)
 }
 
-// TestPoller1000PodsRun: the same pool under Run, each pod on its own
+// TestPoller1000PodsRun: the same pool (1,000 pods, 300 unless
+// FLOWGATE_FULL=1) under Run, each pod on its own
 // schedule, on the real clock: once every pod has answered, all are usable
 // and the pool reads 0.5. Interval 1 s keeps the load (1,000 scrapes/s plus
 // the server, in one process) inside a shared CI machine.
@@ -97,7 +139,7 @@ func TestPoller1000PodsRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,000 pods on the real clock")
 	}
-	const n = 1000
+	n := scalePods(t)
 	eps := manyPods(t, n)
 	p, err := NewPoller(PollerConfig{Endpoints: eps, Interval: time.Second,
 		Timeout: scaleTimeout, Scorer: Scorer{Staleness: 2 * scaleTimeout}})

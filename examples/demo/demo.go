@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/fakevllm"
@@ -45,10 +46,20 @@ type PhaseResult struct {
 	// "band code reason".
 	Answers map[string]int
 	// Lost is the largest share of the phase's wall time by which a fake
-	// backend fell behind real time (see fakevllm.Server.Lost): above a
-	// few percent the machine was too busy to run the model at speed.
+	// backend fell behind real time (see fakevllm.Server.Lost): above
+	// BusyLost the machine was too busy to run the model at speed.
 	Lost float64
+	// BackendErrors are the proxy's logged transport errors (its 502
+	// backend-error answers), the first few of them.
+	BackendErrors []string
 }
+
+// BusyLost is the share of a phase's wall time behind real time (Lost)
+// above which the demo warns that the machine was too busy for the speed-up.
+const BusyLost = 0.02
+
+// maxBackendErrors bounds the transport errors a phase keeps.
+const maxBackendErrors = 10
 
 // listen starts an HTTP server for h on a loopback port.
 func listen(h http.Handler) (*http.Server, string, error) {
@@ -70,6 +81,10 @@ type stack struct {
 	psrv    *http.Server
 	url     string // the proxy's base URL
 	stopped bool
+	// backendErrors keeps the proxy's transport errors (the 502s), at
+	// most maxBackendErrors of them; the rest of its log is dropped.
+	logMu         sync.Mutex
+	backendErrors []string
 }
 
 // startStack starts spec.Backends fresh fake backends and the proxy with
@@ -105,7 +120,18 @@ func startStack(spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (
 	if backendPriority {
 		cfg.BodyPriority = gateway.BodyPrioritySet
 	}
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}})
+	// The proxy's log is dropped but for its transport errors (the 502s).
+	logf := func(format string, args ...any) {
+		if format != gateway.BackendErrorLog {
+			return
+		}
+		s.logMu.Lock()
+		defer s.logMu.Unlock()
+		if len(s.backendErrors) < maxBackendErrors {
+			s.backendErrors = append(s.backendErrors, fmt.Sprintf(format, args...))
+		}
+	}
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: logf})
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +224,10 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 	if err != nil {
 		return nil, err
 	}
-	return &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers(), Lost: st.lost(load.Wall)}, nil
+	st.logMu.Lock()
+	defer st.logMu.Unlock()
+	return &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers(), Lost: st.lost(load.Wall),
+		BackendErrors: append([]string(nil), st.backendErrors...)}, nil
 }
 
 // scaleConfig divides the proxy's time settings by the speed-up: the fake
@@ -288,7 +317,7 @@ func printTable(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
 	fmt.Fprintln(out)
 	for _, r := range rs {
 		fmt.Fprintf(out, "%s: critical: %s; sheddable: %s; %.1fs wall", r.Policy, r.Load.Critical.summary(), r.Load.Sheddable.summary(), r.Load.Wall.Seconds())
-		if r.Lost > 0.02 {
+		if r.Lost > BusyLost {
 			fmt.Fprintf(out, " (WARNING: a backend fell %.0f %% behind real time: the machine is too busy for this speed-up)", 100*r.Lost)
 		}
 		fmt.Fprintln(out)
@@ -334,7 +363,7 @@ func printWide(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
 	fmt.Fprintln(out)
 	for _, r := range rs {
 		fmt.Fprintf(out, "%s: critical: %s; sheddable: %s; %.1fs wall", r.Policy, r.Load.Critical.summary(), r.Load.Sheddable.summary(), r.Load.Wall.Seconds())
-		if r.Lost > 0.02 {
+		if r.Lost > BusyLost {
 			fmt.Fprintf(out, " (WARNING: a backend fell %.0f %% behind real time: the machine is too busy for this speed-up)", 100*r.Lost)
 		}
 		fmt.Fprintln(out)

@@ -166,11 +166,19 @@ var outcomeNames = [nOutcomes]string{"ok", "backend-500", "proxy-error", "cut-mi
 //   - in-flight counts (controller and per backend) return to 0, nothing
 //     stays queued.
 //
-// FLOWGATE_SOAK=long sends 5,000 requests instead of 200.
+// It sends 100 requests by default, 200 with FLOWGATE_FULL=1 (.ci/run) and
+// 5,000 with FLOWGATE_SOAK=long.
 func TestChaosBackends(t *testing.T) {
-	total := 200
-	if os.Getenv("FLOWGATE_SOAK") == "long" {
+	total := 100
+	switch {
+	case os.Getenv("FLOWGATE_SOAK") == "long":
 		total = 5000
+		t.Logf("size: long (FLOWGATE_SOAK=long): %d requests", total)
+	case fullSize():
+		total = 200
+		t.Logf("size: full (FLOWGATE_FULL=1): %d requests", total)
+	default:
+		t.Logf("size: default: %d requests (FLOWGATE_FULL=1 sends 200)", total)
 	}
 	const clients = 16
 	// Long enough that only the hanging backend's requests reach it, even

@@ -37,6 +37,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// fullSize reports whether FLOWGATE_FULL=1 asks for the heavy tests (the
+// chaos run, the replicas' end-to-end load) at full size, as .ci/run does;
+// otherwise they run smaller, and each logs which size it ran.
+func fullSize() bool { return os.Getenv("FLOWGATE_FULL") == "1" }
+
 // eventually spins (yielding, never sleeping) until cond holds, failing
 // after 20 s.
 func eventually(t *testing.T, what string, cond func() bool) {

@@ -116,14 +116,23 @@ type shot struct {
 type replicaLoad struct {
 	qps, speedUp float64
 	duration     time.Duration // of arrivals, wall clock
-	drain        time.Duration // bound on the wait for answers after the last arrival
-	seed         uint64
-	prefix       string // of the request ids
+	// stall bounds the wait for answers after the last arrival: the run
+	// fails when, with requests still open, neither a client got an answer
+	// nor a backend ran a model step for this long (nothing moved: a
+	// hang), or when the wait reaches maxDrain whatever moved. A slow
+	// machine slows the drain; only a system that stopped fails it.
+	stall    time.Duration
+	maxDrain time.Duration
+	// steps, if set, counts the backends' model steps (their progress).
+	steps  func() uint64
+	seed   uint64
+	prefix string // of the request ids
 }
 
-// run sends the load until its duration ends or stop closes, then waits
-// (at most drain) for every answer. targets is read at each arrival. It
-// reports failures with t.Errorf only, so it may run on its own goroutine.
+// run sends the load until its duration ends or stop closes, then waits for
+// every answer while something moves (see stall). targets is read at each
+// arrival. It reports failures with t.Errorf only, so it may run on its own
+// goroutine.
 func (l replicaLoad) run(t *testing.T, client *http.Client, targets *atomic.Pointer[[]int], urls []string, stop <-chan struct{}) []*shot {
 	t.Helper()
 	gen, err := workload.NewGenerator(workload.Codegen, l.qps, workload.DefaultCV, l.seed, 7)
@@ -136,6 +145,7 @@ func (l replicaLoad) run(t *testing.T, client *http.Client, targets *atomic.Poin
 	reqCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
+	var answered atomic.Int64
 	var shots []*shot
 	start := time.Now()
 	timer := time.NewTimer(0)
@@ -164,19 +174,52 @@ arrivals:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer answered.Add(1)
 			send(reqCtx, client, urls[s.replica]+"/v1/completions", body, s)
 		}()
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(l.drain):
+	progress := func() uint64 {
+		n := uint64(answered.Load())
+		if l.steps != nil {
+			n += l.steps()
+		}
+		return n
+	}
+	last, lastMoved, drainFrom := progress(), time.Now(), time.Now()
+	tick := time.NewTicker(100 * time.Millisecond) // the pace of the progress check
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return shots
+		case <-tick.C:
+		}
+		now := time.Now()
+		if p := progress(); p != last {
+			last, lastMoved = p, now
+		}
+		stalled, long := now.Sub(lastMoved) >= l.stall, now.Sub(drainFrom) >= l.maxDrain
+		if !stalled && !long {
+			continue
+		}
 		cancel()
 		<-done
-		t.Errorf("%s: requests still open %v after the last arrival (cancelled)", l.prefix, l.drain)
+		open := 0
+		for _, s := range shots {
+			if s.err != nil && errors.Is(s.err, context.Canceled) {
+				open++
+			}
+		}
+		if stalled {
+			t.Errorf("%s: %d requests still open and nothing moved (no answer, no backend step) for %v, %v after the last arrival (cancelled)",
+				l.prefix, open, l.stall, now.Sub(drainFrom).Round(time.Millisecond))
+		} else {
+			t.Errorf("%s: %d requests still open %v after the last arrival, though the system kept moving (cancelled)", l.prefix, open, l.maxDrain)
+		}
+		return shots
 	}
-	return shots
 }
 
 var (
@@ -396,14 +439,22 @@ func waitMetric(t *testing.T, client *http.Client, what string, bound time.Durat
 // clients), so the gain is most likely the in-flight credit's.
 func TestBinaryReplicasShareInFlight(t *testing.T) {
 	const speedUp, qps = 4, 24
-	arrivals := 8 * time.Second
+	// Full size (FLOWGATE_FULL=1, .ci/run): 8 s of arrivals per sharing
+	// mode, 3 s under -race; by default 3 s either way.
+	arrivals := 3 * time.Second
+	switch {
+	case fullSize() && !raceEnabled:
+		arrivals = 8 * time.Second
+		t.Logf("size: full (FLOWGATE_FULL=1): %v of arrivals per sharing mode", arrivals)
+	case fullSize():
+		t.Logf("size: full (FLOWGATE_FULL=1) under -race: %v of arrivals per sharing mode", arrivals)
+	default:
+		t.Logf("size: default: %v of arrivals per sharing mode (FLOWGATE_FULL=1: 8s, 3s under -race)", arrivals)
+	}
 	// An upper bound only: arrivals stop when the faults are done (stop).
 	// It must outlast the fault sequence on a starved CI machine (waits of
 	// up to 10 s each), or the last faults would see no traffic.
 	faultLoad := 3 * time.Minute
-	if raceEnabled {
-		arrivals = 3 * time.Second
-	}
 	rds := startRedis(t)
 	backends := []*countingBackend{newCountingBackend(t, speedUp), newCountingBackend(t, speedUp)}
 	// The proxy's settings divided by the speed-up (as examples/demo
@@ -456,7 +507,10 @@ saturationDetector:
 	}
 	all := &atomic.Pointer[[]int]{}
 	all.Store(&[]int{0, 1, 2})
-	load := replicaLoad{qps: qps, speedUp: speedUp, duration: arrivals, drain: 30 * time.Second, seed: 1}
+	// The drain waits as long as answers come or the backends step, up to
+	// 5 min: a loaded machine under -race once needed more than 30 s.
+	load := replicaLoad{qps: qps, speedUp: speedUp, duration: arrivals, stall: 30 * time.Second, maxDrain: 5 * time.Minute, seed: 1,
+		steps: func() uint64 { return backends[0].fake.Steps() + backends[1].fake.Steps() }}
 	lag := func() time.Duration { return max(backends[0].fake.Lost(), backends[1].fake.Lost()) }
 
 	// Without sharing.

@@ -133,7 +133,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, next http.Handler,
 	}
 	lim := newConnLimiter(ln, cfg.MaxConns, cfg.ReservedConns)
 	srv := &http.Server{
-		Handler:           reserveForCritical(g.Critical, g.Handler(next)),
+		Handler:           reserveForCritical(g.Critical, lim.release, g.Handler(next)),
 		ConnContext:       connContext,
 		ConnState:         lim.connState,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
@@ -235,15 +235,27 @@ func (l *connLimiter) evictLocked() {
 	}
 }
 
+// release frees c's room now, ahead of its close: StateClosed, which
+// follows, finds it gone from known and does not count it twice.
+func (l *connLimiter) release(c net.Conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.known[c] {
+		delete(l.known, c)
+		delete(l.idle, c)
+		l.open--
+	}
+}
+
 // reservedConn is a connection accepted in the reserved headroom.
 type reservedConn struct{ net.Conn }
 
 type reservedKey struct{}
 
-// connContext marks the requests of a reserved connection.
+// connContext marks the requests of a reserved connection with it.
 func connContext(ctx context.Context, c net.Conn) context.Context {
-	if _, ok := c.(*reservedConn); ok {
-		return context.WithValue(ctx, reservedKey{}, true)
+	if rc, ok := c.(*reservedConn); ok {
+		return context.WithValue(ctx, reservedKey{}, rc)
 	}
 	return ctx
 }
@@ -251,10 +263,16 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 // reserveForCritical serves, on a reserved connection, only GETs (health,
 // models, metrics) and critical requests; anything else is answered 503
 // overloaded and the connection closed, so the headroom stays for critical
-// traffic.
-func reserveForCritical(critical func(http.Header) bool, next http.Handler) http.Handler {
+// traffic. The refused connection's room is freed (release) before the
+// answer leaves: the client reads "Connection: close" and may dial again
+// (its next request critical) before the server has closed the old one,
+// and that new connection must not find the room still taken and be
+// closed at accept. For that instant the process may hold one connection
+// beyond MaxConns, the one being closed.
+func reserveForCritical(critical func(http.Header) bool, release func(net.Conn), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Context().Value(reservedKey{}) != nil && r.Method != http.MethodGet && r.Method != http.MethodHead && !critical(r.Header) {
+		if rc, ok := r.Context().Value(reservedKey{}).(*reservedConn); ok && r.Method != http.MethodGet && r.Method != http.MethodHead && !critical(r.Header) {
+			release(rc)
 			w.Header().Set("Connection", "close")
 			WriteError(w, http.StatusServiceUnavailable, ReasonOverloaded,
 				"the gateway's free connections are kept for critical requests", true)

@@ -149,6 +149,10 @@ func (s *Server) Close() { s.eng.close() }
 // Completed returns the number of requests the model has finished.
 func (s *Server) Completed() uint64 { return s.eng.completed.Load() }
 
+// Steps returns the number of model steps run: a count that moves while the
+// model works, however slowly the machine runs it.
+func (s *Server) Steps() uint64 { return s.eng.steps.Load() }
+
 // Lost returns the wall-clock time by which the model's driver fell behind
 // real time (scaled by SpeedUp) and gave up catching up: on a machine too
 // busy to run the model at speed, latencies measured against this server

@@ -693,6 +693,11 @@ func (p *Proxy) pick() *backend {
 	return best
 }
 
+// BackendErrorLog is the format of the line the proxy logs (Options.Logf)
+// for each transport error it answers with 502 backend-error: the
+// backend's host and the error.
+const BackendErrorLog = "proxy: backend %s: %v"
+
 // backendError is the reverse proxy's error handler: 502 backend-error,
 // unless the client is gone (then nobody is listening).
 func (p *Proxy) backendError(w http.ResponseWriter, r *http.Request, err error) {
@@ -703,7 +708,7 @@ func (p *Proxy) backendError(w http.ResponseWriter, r *http.Request, err error) 
 	if r.Context().Err() != nil {
 		return // the client left; nobody to answer
 	}
-	p.logf("proxy: backend %s: %v", r.URL.Host, err)
+	p.logf(BackendErrorLog, r.URL.Host, err)
 	flowhttp.WriteError(w, http.StatusBadGateway, ReasonBackendError, "the backend could not be reached or failed", true)
 }
 
