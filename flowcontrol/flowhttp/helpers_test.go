@@ -65,13 +65,15 @@ func start(t testing.TB, bands []flowcontrol.BandConfig, next http.Handler, opts
 	return e
 }
 
-// waitFor polls cond every millisecond for at most 5 s.
+// waitFor polls cond every millisecond for at most a minute.
 func waitFor(t interface {
 	Helper()
 	Fatalf(string, ...any)
 }, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// A bound only a hang reaches: 40 uploads of 8 MiB under -race beside a
+	// CPU hog took longer than the 5 s this was.
+	deadline := time.Now().Add(time.Minute)
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
