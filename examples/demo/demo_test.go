@@ -69,38 +69,23 @@ func TestEndToEndOverload(t *testing.T) {
 }
 
 // checkCounts: every request got 200 or a documented status, and the
-// client's, the proxy's and the controller's counts add up.
-//
-// A 502 backend-error (the proxy's answer to a transport error on its way
-// to a fake backend, before any response byte) is a failure in a phase
-// whose backends kept time. In a phase the machine was too busy for (Lost
-// above BusyLost, the demo's own warning) it is a documented answer of a
-// backend that could not be reached in time, and is logged with the
-// transport errors, not failed: on the shared machine one came right after
-// that warning. The 18 phases run to find its cause (beside two and four
-// busy loops, under -race, with GOMAXPROCS=1, beside the examples/proxy
-// tests) produced none, so the errors are now kept (BackendErrors) to name
-// it when it comes again.
+// client's, the proxy's and the controller's counts add up. A 502 (the
+// proxy's backend-error) fails with the proxy's transport errors. The one
+// seen on a busy machine was, by every sign, the fake backends' 5 s header
+// timeout missed by a starved process (see headerTimeout): the same 502 came
+// in examples/proxy's replicas test under -race beside a CPU hog, and a
+// short timeout in a starved process reproduces the unanswered close.
 func checkCounts(t *testing.T, results []*PhaseResult) {
 	t.Helper()
 	for _, r := range results {
 		sent := 0
-		documented := []int{200, 429, 503}
-		if r.Lost > BusyLost {
-			documented = append(documented, 502)
-		}
 		for _, c := range []*ClassResult{&r.Load.Critical, &r.Load.Sheddable} {
 			require.Zero(t, c.Errors, "%s: requests without a response", r.Policy)
 			require.Zero(t, c.Cut, "%s: responses cut", r.Policy)
 			require.Equal(t, c.Sent, c.Answered())
 			for code := range c.Status {
-				require.Contains(t, documented, code, "%s: backends %.0f %% behind real time; the proxy's transport errors: %q",
+				require.Contains(t, []int{200, 429, 503}, code, "%s: backends %.0f %% behind real time; the proxy's transport errors: %q",
 					r.Policy, 100*r.Lost, r.BackendErrors)
-			}
-			if n := c.Status[502]; n > 0 {
-				require.Equal(t, n, c.Reasons[gateway.ReasonBackendError], "%s: every 502 is the proxy's backend-error", r.Policy)
-				t.Logf("%s: %d × 502 backend-error on a machine too busy for the speed-up (backends %.0f %% behind real time): %q",
-					r.Policy, n, 100*r.Lost, r.BackendErrors)
 			}
 			require.Equal(t, c.Status[200], c.Completed)
 			require.Equal(t, c.Completed, len(c.E2E))

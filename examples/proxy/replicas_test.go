@@ -50,7 +50,12 @@ func newCountingBackend(t *testing.T, speedUp float64) *countingBackend {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	b.url = "http://" + ln.Addr().String()
-	b.srv = &http.Server{Handler: b, ReadHeaderTimeout: 5 * time.Second}
+	// A header timeout against a hang only: the test process, which runs
+	// the backends, may be starved for seconds under -race beside other
+	// work, and net/http checks the deadline set at the first byte before
+	// reading what already arrived; a 5 s timeout missed that way closed a
+	// connection unanswered, and the proxy answered 502 backend-error.
+	b.srv = &http.Server{Handler: b, ReadHeaderTimeout: 10 * time.Minute}
 	go func() { _ = b.srv.Serve(ln) }()
 	t.Cleanup(func() {
 		_ = b.srv.Close()
