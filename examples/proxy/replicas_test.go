@@ -466,6 +466,15 @@ func waitMetric(t *testing.T, client *http.Client, what string, bound time.Durat
 // small either way (least own in-flight already spreads round-robin
 // clients), so the gain is most likely the in-flight credit's.
 func TestBinaryReplicasShareInFlight(t *testing.T) {
+	if raceEnabled {
+		// The replicas it checks are proxy binaries built without the
+		// race detector: under -race only this client and the fake
+		// backends are instrumented, which checks nothing of the proxy
+		// and slows the real-time backends past what the test measures
+		// (an EOF from a replica once at load 15 beside a CPU hog). The
+		// non-race pass of .ci/run runs it at full size.
+		t.Skip("examples/proxy: TestBinaryReplicasShareInFlight runs in the non-race pass (its proxies are not race-instrumented)")
+	}
 	const speedUp, qps = 4, 24
 	// Full size (FLOWGATE_FULL=1, .ci/run): 8 s of arrivals per sharing
 	// mode, 3 s under -race; by default 3 s either way.
