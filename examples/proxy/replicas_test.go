@@ -518,9 +518,16 @@ saturationDetector:
 		var rs []*running
 		var urls []string
 		for i := range 3 {
-			// The proxy never closes an idle connection during the
-			// test (see client below).
-			args := []string{"-config", cfgPath, "-idle-timeout", "10m"}
+			// The proxies' client-side timeouts are against a hang only:
+			// the clients are in this test process, which -race beside
+			// other work starves for seconds at a time, and a starved
+			// client is what those timeouts cut (EOF on a connection
+			// whose headers came more than -header-timeout after the
+			// dial; 408 for a body). Idle connections are never closed
+			// during the test (see client below). The timeouts
+			// themselves are binary_test.go's.
+			args := []string{"-config", cfgPath, "-idle-timeout", "10m", "-header-timeout", "10m",
+				"-min-body-rate", "-1", "-body-idle-timeout", "10m"}
 			if shared {
 				args = append(args, "-shared-redis", rds.Addr(), "-replica-id", fmt.Sprintf("gw-%d", i))
 			}
