@@ -199,6 +199,7 @@ arrivals:
 	// for seconds (the clients and backends are in it) gave nothing a
 	// chance to move meanwhile, and that is not a stall of the system.
 	const every = 100 * time.Millisecond // the pace of the progress check
+	maxDrain := withinDeadline(t, l.maxDrain)
 	last, drainFrom := progress(), time.Now()
 	prev, still := drainFrom, time.Duration(0)
 	tick := time.NewTicker(every)
@@ -217,7 +218,7 @@ arrivals:
 		} else {
 			still += gap
 		}
-		stalled, long := still >= l.stall, now.Sub(drainFrom) >= l.maxDrain
+		stalled, long := still >= l.stall, now.Sub(drainFrom) >= maxDrain
 		if !stalled && !long {
 			continue
 		}
@@ -244,7 +245,7 @@ arrivals:
 				l.prefix, open, perReplica, l.stall, now.Sub(drainFrom).Round(time.Millisecond), state)
 		} else {
 			t.Errorf("%s: %d requests still open (by replica %v) %v after the last arrival, though the system kept moving (cancelled)\n%s",
-				l.prefix, open, perReplica, l.maxDrain, state)
+				l.prefix, open, perReplica, maxDrain, state)
 		}
 		return shots
 	}
@@ -413,10 +414,23 @@ func scrape(client *http.Client, addr, name string) (float64, error) {
 	return sum, sc.Err()
 }
 
+// withinDeadline shortens bound so that it ends a minute before the test
+// binary's -timeout would (go test's default is 10 min for the package):
+// on a machine too starved for the generous bounds, the test then fails
+// saying what it waited for, instead of the binary panicking mid-wait.
+func withinDeadline(t *testing.T, bound time.Duration) time.Duration {
+	if dl, ok := t.Deadline(); ok {
+		bound = max(min(bound, time.Until(dl)-time.Minute), time.Second)
+	}
+	return bound
+}
+
 // waitMetric polls the proxies' /metrics until cond holds for name on every
-// one of them, failing after bound; it returns how long that took.
+// one of them, failing after bound (or before the test's deadline, see
+// withinDeadline); it returns how long that took.
 func waitMetric(t *testing.T, client *http.Client, what string, bound time.Duration, name string, cond func(float64) bool, addrs ...string) time.Duration {
 	t.Helper()
+	bound = withinDeadline(t, bound)
 	began := time.Now()
 	ticker := time.NewTicker(10 * time.Millisecond)
 	defer ticker.Stop()
@@ -527,9 +541,16 @@ saturationDetector:
 		var rs []*running
 		var urls []string
 		for i := range 3 {
-			// The proxy never closes an idle connection during the
-			// test (see client below).
-			args := []string{"-config", cfgPath, "-idle-timeout", "10m"}
+			// The proxies' client-side timeouts are against a hang only:
+			// the clients are in this test process, which -race beside
+			// other work starves for seconds at a time, and a starved
+			// client is what those timeouts cut (EOF on a connection
+			// whose headers came more than -header-timeout after the
+			// dial; 408 for a body). Idle connections are never closed
+			// during the test (see client below). The timeouts
+			// themselves are binary_test.go's.
+			args := []string{"-config", cfgPath, "-idle-timeout", "10m", "-header-timeout", "10m",
+				"-min-body-rate", "-1", "-body-idle-timeout", "10m"}
 			if shared {
 				args = append(args, "-shared-redis", rds.Addr(), "-replica-id", fmt.Sprintf("gw-%d", i))
 			}
@@ -644,6 +665,13 @@ saturationDetector:
 		defer close(loaded)
 		faults = fl.run(t, client, all, urls, stop)
 	}()
+	// Should a fault's wait fail the test, the load stops and drains
+	// before the test returns (not at faultLoad, after it).
+	stopFaults := sync.OnceFunc(func() { close(stop) })
+	defer func() {
+		stopFaults()
+		<-loaded
+	}()
 	survivors := addrs[:2]
 	// kill -9 replica 2 once it has requests in flight (a few: as many as
 	// a loaded machine's slow backends let it hold); new arrivals go to
@@ -701,7 +729,7 @@ saturationDetector:
 	waitMetric(t, client, "the survivors share after SIGCONT", stateBound, "flowgate_shared_inflight_up",
 		func(v float64) bool { return v == 1 }, survivors...)
 	t.Logf("redis SIGSTOP 2s: shared again %v after SIGCONT", again.Round(time.Millisecond))
-	close(stop)
+	stopFaults()
 	<-loaded
 
 	cut := checkExactlyOnce(t, "faults", faults, backends, func(s *shot) bool {

@@ -162,7 +162,19 @@ func TestScrapeMatchesStats(t *testing.T) {
 	go wait(3, context.Background(), 0)
 	waitQueued(t, c, 0, 1)
 	now.Add(int64(2 * time.Second))
-	c.Step() // dispatches band 0, expires both band-1 waiters
+	// One Step dispatches band 0 and expires both band-1 waiters, but
+	// Queued counts a waiter from its slot's reservation, a moment before
+	// its push: on a busy machine that Step found band 0's ring still
+	// empty, and the test hung in wg.Wait. So Step until all three have
+	// their outcome (bounded); the Stats checked below are the snapshot's.
+	deadline := time.Now().Add(time.Minute)
+	for st := c.Stats(); st.Bands[0].Dispatched != 1 || st.Bands[1].Expired != 2; st = c.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute of Steps: dispatched %d (want 1), expired %d (want 2)", st.Bands[0].Dispatched, st.Bands[1].Expired)
+		}
+		c.Step()
+		runtime.Gosched()
+	}
 	wg.Wait()
 	require.ErrorIs(t, errs[1], flowcontrol.ErrExpired)
 	require.ErrorIs(t, errs[2], flowcontrol.ErrExpired)
