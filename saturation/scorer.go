@@ -34,15 +34,27 @@ type Reading struct {
 	// OK reports that the reading holds a good scrape. A pod never
 	// scraped successfully has OK false and scores as failed.
 	OK bool
+	// PromptMean and OutputMean are the mean prompt and output lengths,
+	// in tokens, of the requests the pod has finished: the _sum over the
+	// _count of vLLM's vllm:request_prompt_tokens and
+	// vllm:request_generation_tokens histograms. Used only by
+	// Scorer.ProjectKV. Zero (no request finished yet), negative, NaN or
+	// infinite means unknown: the KV usage is then scored as it is, and
+	// the pod is not failed for it (the projection is a refinement, its
+	// absence is no reason to call a pod saturated).
+	PromptMean, OutputMean float64
 }
 
 // Scorer turns pod readings into a saturation, the reference gateway's
 // formula by default:
 //
-//	pod  = max(waiting' / QueueDepthThreshold, kv / KVUtilThreshold)
+//	pod  = max(waiting' / QueueDepthThreshold, kv' / KVUtilThreshold)
 //	pool = unweighted mean of pod over the pods
 //
-// where waiting' = waiting + max(0, inflight − (waiting + running)) when
+// where kv' = kv · KVGrowth(PromptMean, OutputMean) when ProjectKV is set
+// and kv' = kv otherwise, and pool is the maximum instead with
+// AggregateMax;
+// waiting' = waiting + max(0, inflight − (waiting + running)) when
 // InFlightCredit is set (requests dispatched but not yet visible in the
 // metrics count as waiting) and waiting' = waiting otherwise.
 //
@@ -86,6 +98,70 @@ type Scorer struct {
 	IgnoreStale bool
 	// InFlightCredit adds max(0, InFlight − (Waiting + Running)) to Waiting.
 	InFlightCredit bool
+	// ProjectKV scores a pod's KV usage as what its running requests will
+	// hold when they complete, not only what they hold now:
+	//
+	//	kv' = kv · KVGrowth(PromptMean, OutputMean)
+	//
+	// A long decode's blocks are allocated one token at a time, so a pod
+	// that admitted many of them reads half full and fills minutes later;
+	// the projection makes the gate see that growth at admission. See
+	// KVGrowth for the estimate; a reading without both means is scored
+	// unprojected.
+	ProjectKV bool
+	// Aggregate is how Pool combines the pods' scores: AggregateMean (the
+	// zero value, the reference gateway's unweighted mean) or AggregateMax
+	// (the most saturated pod: one pod filling up is not averaged away by
+	// an idle one).
+	Aggregate Aggregate
+}
+
+// Aggregate is how Scorer.Pool combines pod scores.
+type Aggregate uint8
+
+// Aggregations of Scorer.Aggregate.
+const (
+	// AggregateMean is the unweighted mean over the pods (the reference).
+	AggregateMean Aggregate = iota
+	// AggregateMax is the largest pod score.
+	AggregateMax
+)
+
+// String returns "mean" or "max" (or "Aggregate(N)" for an invalid value).
+func (a Aggregate) String() string {
+	switch a {
+	case AggregateMean:
+		return "mean"
+	case AggregateMax:
+		return "max"
+	}
+	return fmt.Sprintf("Aggregate(%d)", uint8(a))
+}
+
+// KVGrowth returns the factor by which the KV cache held by a pod's running
+// requests grows by the time they complete, estimated from the mean prompt
+// and output lengths p and o of the requests it finished:
+//
+//	growth = (p + o) / (p + o/2)
+//
+// By Little's law on a steady batch, a running request is on average half
+// way through its output, so it holds p + o/2 tokens now and will hold
+// p + o at completion. The factor is in [1, 2]: 1 for prompt-only work, 2
+// for pure generation. It ignores the spread of the lengths (longer
+// requests are over-represented in a batch, which raises both terms) and
+// requests still in prefill. An unknown mean (see Reading.PromptMean)
+// gives 1.
+func KVGrowth(p, o float64) float64 {
+	if !(p >= 0) || !(o > 0) || p > maxFinite || o > maxFinite {
+		return 1
+	}
+	// Divide both terms by o first so that huge finite lengths do not
+	// overflow: (p/o + 1) / (p/o + 1/2).
+	r := p / o
+	if r > maxFinite/2 {
+		return 1 // o negligible against p: nothing grows
+	}
+	return (r + 1) / (r + 0.5)
 }
 
 // Bounds of Scorer.Staleness (and of the poller's Interval and Timeout; see
@@ -116,6 +192,10 @@ func (s Scorer) Validate() error {
 		return fmt.Errorf("%w: Scorer.Staleness must be in [%v, %v] (0 = default %v), got %v",
 			ErrInvalidConfig, MinStaleness, MaxStaleness, DefaultStaleness, s.Staleness)
 	}
+	if s.Aggregate > AggregateMax {
+		return fmt.Errorf("%w: Scorer.Aggregate must be AggregateMean or AggregateMax, got %v",
+			ErrInvalidConfig, s.Aggregate)
+	}
 	return nil
 }
 
@@ -132,6 +212,9 @@ func (s Scorer) withDefaults() Scorer {
 	}
 	if s.Staleness < MinStaleness || s.Staleness > MaxStaleness {
 		s.Staleness = DefaultStaleness
+	}
+	if s.Aggregate > AggregateMax {
+		s.Aggregate = AggregateMean
 	}
 	return s
 }
@@ -153,25 +236,31 @@ func (s Scorer) Usable(r Reading, now time.Time) bool {
 	return s.withDefaults().fresh(r, now)
 }
 
-// Pool returns the unweighted mean of Pod over rs at time now; 1 when rs is
-// empty, or when IgnoreStale is set and no pod is usable.
+// Pool returns the unweighted mean (or, with AggregateMax, the maximum) of
+// Pod over rs at time now; 1 when rs is empty, or when IgnoreStale is set
+// and no pod is usable.
 func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
 	s = s.withDefaults()
-	sum, n := 0.0, 0
+	sum, hi, n := 0.0, 0.0, 0
 	for i := range rs {
 		r := &rs[i]
+		v := 1.0
 		if !s.fresh(*r, now) {
 			if s.IgnoreStale {
 				continue
 			}
-			sum++
 		} else {
-			sum += s.score(*r)
+			v = s.score(*r)
 		}
+		sum += v
+		hi = max(hi, v)
 		n++
 	}
 	if n == 0 {
 		return 1
+	}
+	if s.Aggregate == AggregateMax {
+		return hi
 	}
 	// Every term is >= 0 (at worst +Inf): the mean is never NaN.
 	return sum / float64(n)
@@ -203,7 +292,11 @@ func (s Scorer) score(r Reading) float64 {
 		}
 	}
 	q := waiting / s.QueueDepthThreshold
-	kv := r.KVUsage / s.KVUtilThreshold
+	usage := r.KVUsage
+	if s.ProjectKV {
+		usage *= KVGrowth(r.PromptMean, r.OutputMean) // <= 2·KVUsage: +Inf only if KVUsage is huge
+	}
+	kv := usage / s.KVUtilThreshold
 	if kv > q {
 		q = kv
 	}
