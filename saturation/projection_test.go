@@ -2,6 +2,7 @@ package saturation
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func TestKVGrowthValues(t *testing.T) {
 }
 
 func TestScorerProjectKV(t *testing.T) {
-	proj := Scorer{ProjectKV: true}
+	proj := Scorer{Projection: ProjectCompletion}
 	r := good(0, 100, 0.4)
 	r.PromptMean, r.OutputMean = 39, 300
 	// 0.4 · 339/189 / 0.8
@@ -52,6 +53,55 @@ func TestScorerProjectKV(t *testing.T) {
 	q := good(4, 100, 0.1)
 	q.PromptMean, q.OutputMean = 0, 300
 	assert.InDelta(t, 0.8, proj.Pod(q, t0), 1e-12, "the queue term still wins when larger")
+}
+
+func TestScorerProjectSteady(t *testing.T) {
+	st := Scorer{Projection: ProjectSteady}
+	r := good(0, 100, 0.1)
+	r.PromptMean, r.OutputMean, r.KVCapacity = 1000, 200, 1e6
+	// young batch: 100 · (1000 + 100) / 1e6 = 0.11 > 0.1 read
+	assert.InDelta(t, 0.11/0.8, st.Pod(r, t0), 1e-12)
+	r.KVUsage = 0.3 // holds more than a steady batch would: as scraped
+	assert.InDelta(t, 0.3/0.8, st.Pod(r, t0), 1e-12)
+	r.KVUsage, r.KVCapacity = 0.1, 0
+	assert.InDelta(t, 0.1/0.8, st.Pod(r, t0), 1e-12, "capacity unknown: unprojected")
+	assert.Equal(t, 0.0, SteadyKV(100, 1000, 0, 1e6), "output unknown")
+	assert.Equal(t, 0.0, SteadyKV(math.NaN(), 1, 1, 1))
+	assert.Equal(t, 0.0, SteadyKV(1, 1, 1, math.Inf(1)))
+	assert.InDelta(t, 1e308/1e300*(1+0.5), SteadyKV(1e308, 1, 1, 1e300), 1e296)
+	err := Scorer{Projection: 9}.Validate()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "Scorer.Projection")
+	assert.Equal(t, "none", ProjectNone.String())
+	assert.Equal(t, "completion", ProjectCompletion.String())
+	assert.Equal(t, "steady", ProjectSteady.String())
+	assert.Equal(t, "KVProjection(9)", KVProjection(9).String())
+}
+
+// TestSteadyKVProperties: SteadyKV matches its model, is linear in the
+// running count, and ProjectSteady never scores below the scraped usage nor
+// above the larger of it and the steady level.
+func TestSteadyKVProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		run := rapid.Float64Range(0, 2000).Draw(t, "running")
+		p := rapid.Float64Range(0, 1e5).Draw(t, "p")
+		o := rapid.Float64Range(1e-3, 1e5).Draw(t, "o")
+		c := rapid.Float64Range(1, 1e7).Draw(t, "c")
+		v := SteadyKV(run, p, o, c)
+		if want := run * (p + o/2) / c; math.Abs(v-want) > 1e-9*want {
+			t.Fatalf("SteadyKV = %v, model %v", v, want)
+		}
+		if v2 := SteadyKV(2*run, p, o, c); math.Abs(v2-2*v) > 1e-9*v {
+			t.Fatalf("not linear in running: %v, %v", v, v2)
+		}
+		r := good(0, run, rapid.Float64Range(0, 1.2).Draw(t, "kv"))
+		r.PromptMean, r.OutputMean, r.KVCapacity = p, o, c
+		got := Scorer{Projection: ProjectSteady}.Pod(r, t0)
+		base := Scorer{}.Pod(r, t0)
+		if got < base || got > max(base, v/DefaultKVUtilThreshold)*(1+1e-12) {
+			t.Fatalf("steady score %v, scraped %v, steady level %v", got, base, v)
+		}
+	})
 }
 
 func TestScorerAggregateMax(t *testing.T) {
@@ -118,7 +168,7 @@ func TestScorerProjectionProperties(t *testing.T) {
 		}
 		base := Scorer{IgnoreStale: rapid.Bool().Draw(t, "ignore")}
 		proj := base
-		proj.ProjectKV = true
+		proj.Projection = ProjectCompletion
 		hi := 0.0
 		for _, r := range rs {
 			a, b := base.Pod(r, t0), proj.Pod(r, t0)
@@ -146,7 +196,7 @@ func TestScorerProjectionProperties(t *testing.T) {
 }
 
 // FuzzKVGrowth: any pair of float64 means gives a finite growth in [1, 2],
-// and the projected pod score is never NaN, never below the unprojected one
+// SteadyKV is never NaN nor negative, and the projected pod score is never NaN, never below the unprojected one
 // and at most twice it.
 func FuzzKVGrowth(f *testing.F) {
 	f.Add(1176.0, 195.0, 0.5)
@@ -160,11 +210,56 @@ func FuzzKVGrowth(f *testing.F) {
 		if !(g >= 1 && g <= 2) {
 			t.Fatalf("KVGrowth(%v, %v) = %v", p, o, g)
 		}
+		// The same three floats as running, lengths and capacity.
+		if v := SteadyKV(kv, p, o, kv+p); !(v >= 0) {
+			t.Fatalf("SteadyKV(%v, %v, %v, %v) = %v", kv, p, o, kv+p, v)
+		}
 		r := good(0, 1, kv)
 		r.PromptMean, r.OutputMean = p, o
-		a, b := Scorer{}.Pod(r, t0), Scorer{ProjectKV: true}.Pod(r, t0)
+		a, b := Scorer{}.Pod(r, t0), Scorer{Projection: ProjectCompletion}.Pod(r, t0)
 		if math.IsNaN(b) || b < a || (!math.IsInf(b, 1) && b > 2*a) {
 			t.Fatalf("kv %v, means (%v, %v): score %v, projected %v", kv, p, o, a, b)
 		}
 	})
+}
+
+// TestParseMetricsLengthMeans: ParseMetrics reads the prompt and output
+// length means from vLLM's histograms (Σ _sum / Σ _count over the engines),
+// and a page without them, or with a bad count, parses with the means 0.
+func TestParseMetricsLengthMeans(t *testing.T) {
+	page := `# HELP vllm:num_requests_waiting w
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0"} 2
+vllm:num_requests_running{engine="0"} 7
+vllm:kv_cache_usage_perc{engine="0"} 0.25
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{engine="0",le="+Inf"} 3
+vllm:request_prompt_tokens_sum{engine="0"} 300
+vllm:request_prompt_tokens_count{engine="0"} 3
+vllm:request_prompt_tokens_sum{engine="1"} 100
+vllm:request_prompt_tokens_count{engine="1"} 2
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{engine="0",le="+Inf"} 5
+vllm:request_generation_tokens_sum{engine="0"} 1500
+vllm:request_generation_tokens_count{engine="0"} 5
+`
+	r, err := ParseMetrics(strings.NewReader(page), VLLM())
+	require.NoError(t, err)
+	assert.InDelta(t, 80, r.PromptMean, 1e-12) // (300 + 100) / (3 + 2)
+	assert.InDelta(t, 300, r.OutputMean, 1e-12)
+	assert.Equal(t, 2.0, r.Waiting)
+	assert.Equal(t, 0.25, r.KVUsage)
+
+	bare := "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n"
+	r, err = ParseMetrics(strings.NewReader(bare), VLLM())
+	require.NoError(t, err)
+	assert.Zero(t, r.PromptMean)
+	assert.Zero(t, r.OutputMean)
+
+	bad := bare + "vllm:request_generation_tokens_sum 10\nvllm:request_generation_tokens_count -1\n" +
+		"vllm:request_prompt_tokens_sum NaN\nvllm:request_prompt_tokens_count 2\n"
+	r, err = ParseMetrics(strings.NewReader(bad), VLLM())
+	require.NoError(t, err, "a bad length histogram does not fail the scrape")
+	assert.Zero(t, r.OutputMean)
+	assert.Zero(t, r.PromptMean)
 }

@@ -2,6 +2,7 @@ package saturation
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -38,11 +39,15 @@ type Reading struct {
 	// in tokens, of the requests the pod has finished: the _sum over the
 	// _count of vLLM's vllm:request_prompt_tokens and
 	// vllm:request_generation_tokens histograms. Used only by
-	// Scorer.ProjectKV. Zero (no request finished yet), negative, NaN or
+	// Scorer.Projection. Zero (no request finished yet), negative, NaN or
 	// infinite means unknown: the KV usage is then scored as it is, and
 	// the pod is not failed for it (the projection is a refinement, its
 	// absence is no reason to call a pod saturated).
 	PromptMean, OutputMean float64
+	// KVCapacity is the pod's KV cache in tokens (vLLM's
+	// vllm:cache_config_info labels num_gpu_blocks × block_size). Used
+	// only by ProjectSteady; unknown (0 or bad) as for PromptMean.
+	KVCapacity float64
 }
 
 // Scorer turns pod readings into a saturation, the reference gateway's
@@ -51,8 +56,7 @@ type Reading struct {
 //	pod  = max(waiting' / QueueDepthThreshold, kv' / KVUtilThreshold)
 //	pool = unweighted mean of pod over the pods
 //
-// where kv' = kv · KVGrowth(PromptMean, OutputMean) when ProjectKV is set
-// and kv' = kv otherwise, and pool is the maximum instead with
+// where kv' is kv anticipated as Projection says (kv with ProjectNone), and pool is the maximum instead with
 // AggregateMax;
 // waiting' = waiting + max(0, inflight − (waiting + running)) when
 // InFlightCredit is set (requests dispatched but not yet visible in the
@@ -98,22 +102,70 @@ type Scorer struct {
 	IgnoreStale bool
 	// InFlightCredit adds max(0, InFlight − (Waiting + Running)) to Waiting.
 	InFlightCredit bool
-	// ProjectKV scores a pod's KV usage as what its running requests will
-	// hold when they complete, not only what they hold now:
-	//
-	//	kv' = kv · KVGrowth(PromptMean, OutputMean)
-	//
-	// A long decode's blocks are allocated one token at a time, so a pod
-	// that admitted many of them reads half full and fills minutes later;
-	// the projection makes the gate see that growth at admission. See
-	// KVGrowth for the estimate; a reading without both means is scored
-	// unprojected.
-	ProjectKV bool
+	// Projection is how a pod's KV usage is anticipated: ProjectNone
+	// (the zero value, the reference: as scraped), ProjectCompletion or
+	// ProjectSteady (see KVProjection). A long decode's blocks are
+	// allocated one token at a time, so a pod that admitted many requests
+	// reads half full and fills later; a projection makes the gate see
+	// that growth at admission. A reading without the inputs a projection
+	// needs is scored unprojected.
+	Projection KVProjection
 	// Aggregate is how Pool combines the pods' scores: AggregateMean (the
 	// zero value, the reference gateway's unweighted mean) or AggregateMax
 	// (the most saturated pod: one pod filling up is not averaged away by
 	// an idle one).
 	Aggregate Aggregate
+}
+
+// KVProjection is how Scorer anticipates a pod's KV usage kv from its
+// running count R, its mean prompt and output lengths p and o of finished
+// requests and its capacity C in tokens (Reading).
+type KVProjection uint8
+
+// Projections of Scorer.Projection.
+const (
+	// ProjectNone scores kv as scraped (the reference).
+	ProjectNone KVProjection = iota
+	// ProjectCompletion scores what the running requests will hold at
+	// their expected completion: kv · KVGrowth(p, o).
+	ProjectCompletion
+	// ProjectSteady scores at least what R running requests hold once
+	// their progress is spread as in a steady batch:
+	// max(kv, R·(p + o/2)/C). A batch just admitted (every request at the
+	// start of its output) reads below it and is scored at it; a steady
+	// batch reads at it and is scored as scraped.
+	ProjectSteady
+)
+
+// String returns "none", "completion" or "steady" (or "KVProjection(N)").
+func (p KVProjection) String() string {
+	switch p {
+	case ProjectNone:
+		return "none"
+	case ProjectCompletion:
+		return "completion"
+	case ProjectSteady:
+		return "steady"
+	}
+	return fmt.Sprintf("KVProjection(%d)", uint8(p))
+}
+
+// SteadyKV returns R·(p + o/2)/c, the KV fraction R running requests hold in
+// a steady batch (each on average half through an output of mean o, by
+// Little's law), or 0 when an input is unknown (not finite, negative, or o
+// or c not positive).
+func SteadyKV(running, p, o, c float64) float64 {
+	if !(running >= 0) || !(p >= 0) || !(o > 0) || !(c > 0) ||
+		running > maxFinite || p > maxFinite || o > maxFinite || c > maxFinite {
+		return 0
+	}
+	// Scale before multiplying so that huge finite inputs do not make
+	// Inf·0 or Inf/Inf: each factor is finite.
+	v := running / c * (p + o/2)
+	if math.IsNaN(v) {
+		return 0
+	}
+	return v
 }
 
 // Aggregate is how Scorer.Pool combines pod scores.
@@ -196,6 +248,10 @@ func (s Scorer) Validate() error {
 		return fmt.Errorf("%w: Scorer.Aggregate must be AggregateMean or AggregateMax, got %v",
 			ErrInvalidConfig, s.Aggregate)
 	}
+	if s.Projection > ProjectSteady {
+		return fmt.Errorf("%w: Scorer.Projection must be ProjectNone, ProjectCompletion or ProjectSteady, got %v",
+			ErrInvalidConfig, s.Projection)
+	}
 	return nil
 }
 
@@ -215,6 +271,9 @@ func (s Scorer) withDefaults() Scorer {
 	}
 	if s.Aggregate > AggregateMax {
 		s.Aggregate = AggregateMean
+	}
+	if s.Projection > ProjectSteady {
+		s.Projection = ProjectNone
 	}
 	return s
 }
@@ -293,8 +352,11 @@ func (s Scorer) score(r Reading) float64 {
 	}
 	q := waiting / s.QueueDepthThreshold
 	usage := r.KVUsage
-	if s.ProjectKV {
+	switch s.Projection {
+	case ProjectCompletion:
 		usage *= KVGrowth(r.PromptMean, r.OutputMean) // <= 2·KVUsage: +Inf only if KVUsage is huge
+	case ProjectSteady:
+		usage = max(usage, SteadyKV(r.Running, r.PromptMean, r.OutputMean, r.KVCapacity))
 	}
 	kv := usage / s.KVUtilThreshold
 	if kv > q {

@@ -150,6 +150,9 @@ type sim struct {
 	// dispatched in the middle half of the arrival window (Config.LongShort).
 	tokens [2]float64
 	err    error
+	// signal holds what the anticipating saturation signal and the step-time
+	// bound read (signal.go).
+	signal signalState
 }
 
 func (s *sim) push(at int64, k evKind, idx int32) {
@@ -220,9 +223,10 @@ func run(cfg Config) (*sim, error) {
 		return nil, err
 	}
 	s := &sim{
-		cfg:    cfg,
-		base:   time.Unix(0, 0).UTC(),
-		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold},
+		cfg:  cfg,
+		base: time.Unix(0, 0).UTC(),
+		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold,
+			Projection: cfg.Projection, Aggregate: cfg.Aggregate},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
@@ -253,6 +257,7 @@ func run(cfg Config) (*sim, error) {
 		s.medianCost = m
 	}
 	s.total = make([]int64, cfg.Replicas)
+	s.signal.init(cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
 	for g := range cfg.Gateways {
 		gen, err := workload.NewGenerator(cfg.Workload, cfg.QPS/float64(cfg.Gateways), cfg.CV, cfg.Seed, uint64(g))
@@ -736,6 +741,8 @@ func (s *sim) scrape(g *gateway, gi int32) {
 		m := rep.Metrics()
 		g.readings[r] = saturation.Reading{Waiting: float64(m.Waiting), Running: float64(m.Running),
 			KVUsage: m.KVCacheUsage, InFlight: s.seen(g, r), At: at, OK: true}
+		g.readings[r].PromptMean, g.readings[r].OutputMean = s.signal.means(r)
+		g.readings[r].KVCapacity = float64(s.cfg.Replica.TotalBlocks * s.cfg.Replica.BlockSize)
 	}
 	g.readVer++
 	g.scrapes++
@@ -853,6 +860,9 @@ func (s *sim) begin(r int) {
 	}
 	s.evbuf = evs
 	if ok {
+		if s.now < s.window {
+			s.signal.steps.add(s.replicas[r].LastBatch().Requests, d.Seconds())
+		}
 		s.busy[r] = true
 		s.push(s.now+int64(d), evStepEnd, int32(r))
 	}
@@ -871,6 +881,7 @@ func (s *sim) stepEnd(r int) {
 		case vllm.Finished:
 			q.done = s.now
 			s.pending--
+			s.signal.finished(r, q.vr)
 			g := s.gws[q.gw]
 			s.catchUp(g)
 			s.moveInflight(q.gw, r, -1)
