@@ -196,7 +196,8 @@ func TestScorerProjectionProperties(t *testing.T) {
 }
 
 // FuzzKVGrowth: any pair of float64 means gives a finite growth in [1, 2],
-// SteadyKV is never NaN nor negative, and the projected pod score is never NaN, never below the unprojected one
+// SteadyKV is never NaN nor negative, the prompt-token term is never NaN
+// nor below the reference score, and the projected pod score is never NaN, never below the unprojected one
 // and at most twice it.
 func FuzzKVGrowth(f *testing.F) {
 	f.Add(1176.0, 195.0, 0.5)
@@ -219,6 +220,14 @@ func FuzzKVGrowth(f *testing.F) {
 		a, b := Scorer{}.Pod(r, t0), Scorer{Projection: ProjectCompletion}.Pod(r, t0)
 		if math.IsNaN(b) || b < a || (!math.IsInf(b, 1) && b > 2*a) {
 			t.Fatalf("kv %v, means (%v, %v): score %v, projected %v", kv, p, o, a, b)
+		}
+		// The prompt-token term with the same floats as waiting count and
+		// threshold: never NaN, never below the reference.
+		q := good(math.Abs(o), 0, 0)
+		q.PromptMean = p
+		pt := Scorer{PromptTokenThreshold: max(1, math.Abs(kv))}
+		if v, ref := pt.Pod(q, t0), (Scorer{}).Pod(q, t0); math.IsNaN(v) || v < ref {
+			t.Fatalf("prompt-token score %v for waiting %v, mean %v", v, math.Abs(o), p)
 		}
 	})
 }
@@ -262,4 +271,52 @@ vllm:request_generation_tokens_count{engine="0"} 5
 	require.NoError(t, err, "a bad length histogram does not fail the scrape")
 	assert.Zero(t, r.OutputMean)
 	assert.Zero(t, r.PromptMean)
+}
+
+func TestScorerPromptTokenThreshold(t *testing.T) {
+	s := Scorer{PromptTokenThreshold: 2048}
+	require.NoError(t, s.Validate())
+	r := good(3, 10, 0.1)
+	r.PromptMean = 1176
+	assert.InDelta(t, 3*1176/2048.0, s.Pod(r, t0), 1e-12, "three code-generation prompts waiting")
+	r.PromptMean = 39
+	assert.InDelta(t, 3/5.0, s.Pod(r, t0), 1e-12, "three chat prompts: the request count wins")
+	r.PromptMean = 0
+	assert.InDelta(t, 3/5.0, s.Pod(r, t0), 1e-12, "no mean yet: no term")
+	r.PromptMean = math.NaN()
+	assert.InDelta(t, 3/5.0, s.Pod(r, t0), 1e-12, "a bad mean: no term, not failed")
+	c := Scorer{PromptTokenThreshold: 1000, InFlightCredit: true}
+	q := good(1, 1, 0)
+	q.InFlight, q.PromptMean = 4, 500
+	assert.InDelta(t, 3*500/1000.0, c.Pod(q, t0), 1e-12, "the credited waiting count is the one weighed")
+	for _, bad := range []float64{-1, 0.5, math.NaN(), math.Inf(1)} {
+		err := Scorer{PromptTokenThreshold: bad}.Validate()
+		require.ErrorIs(t, err, ErrInvalidConfig, "%v", bad)
+		assert.Contains(t, err.Error(), "Scorer.PromptTokenThreshold")
+		assert.InDelta(t, 3/5.0, Scorer{PromptTokenThreshold: bad}.Pod(good(3, 0, 0), t0), 1e-12, "invalid = off")
+	}
+}
+
+// TestPromptTokenTermProperties: the prompt-token term never lowers a score,
+// is exactly the larger of the reference score and waiting·p/T, and is
+// monotone in the waiting count.
+func TestPromptTokenTermProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := rapid.Float64Range(0, 1e4).Draw(t, "waiting")
+		p := rapid.Float64Range(0, 1e5).Draw(t, "p")
+		th := rapid.Float64Range(1, 1e6).Draw(t, "threshold")
+		r := good(w, rapid.Float64Range(0, 1e3).Draw(t, "running"), rapid.Float64Range(0, 1.2).Draw(t, "kv"))
+		r.PromptMean = p
+		s := Scorer{PromptTokenThreshold: th}
+		base, got := Scorer{}.Pod(r, t0), s.Pod(r, t0)
+		want := max(base, w/th*p)
+		if math.Abs(got-want) > 1e-12*max(1, want) {
+			t.Fatalf("score %v, model %v", got, want)
+		}
+		r2 := r
+		r2.Waiting = w + rapid.Float64Range(0, 1e4).Draw(t, "more")
+		if s.Pod(r2, t0) < got {
+			t.Fatalf("more waiting scored lower")
+		}
+	})
 }

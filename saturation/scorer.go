@@ -110,6 +110,15 @@ type Scorer struct {
 	// that growth at admission. A reading without the inputs a projection
 	// needs is scored unprojected.
 	Projection KVProjection
+	// PromptTokenThreshold, if > 0, adds a third term to a pod's score:
+	// the prompt tokens waiting there, waiting' · PromptMean, over this
+	// many. A queue of five requests is a few hundred tokens of chat and
+	// several steps of code-generation prefill: what a waiting request
+	// costs the next steps (and a critical request's first token) is its
+	// prompt, which the request count does not see. 0 = off (the
+	// reference); otherwise finite and >= 1. A reading without
+	// PromptMean has no such term.
+	PromptTokenThreshold float64
 	// Aggregate is how Pool combines the pods' scores: AggregateMean (the
 	// zero value, the reference gateway's unweighted mean) or AggregateMax
 	// (the most saturated pod: one pod filling up is not averaged away by
@@ -244,6 +253,10 @@ func (s Scorer) Validate() error {
 		return fmt.Errorf("%w: Scorer.Staleness must be in [%v, %v] (0 = default %v), got %v",
 			ErrInvalidConfig, MinStaleness, MaxStaleness, DefaultStaleness, s.Staleness)
 	}
+	if s.PromptTokenThreshold != 0 && !(s.PromptTokenThreshold >= 1 && s.PromptTokenThreshold <= maxFinite) {
+		return fmt.Errorf("%w: Scorer.PromptTokenThreshold must be 0 (off) or finite and >= 1, got %v",
+			ErrInvalidConfig, s.PromptTokenThreshold)
+	}
 	if s.Aggregate > AggregateMax {
 		return fmt.Errorf("%w: Scorer.Aggregate must be AggregateMean or AggregateMax, got %v",
 			ErrInvalidConfig, s.Aggregate)
@@ -271,6 +284,9 @@ func (s Scorer) withDefaults() Scorer {
 	}
 	if s.Aggregate > AggregateMax {
 		s.Aggregate = AggregateMean
+	}
+	if !(s.PromptTokenThreshold >= 1 && s.PromptTokenThreshold <= maxFinite) {
+		s.PromptTokenThreshold = 0
 	}
 	if s.Projection > ProjectSteady {
 		s.Projection = ProjectNone
@@ -361,6 +377,13 @@ func (s Scorer) score(r Reading) float64 {
 	kv := usage / s.KVUtilThreshold
 	if kv > q {
 		q = kv
+	}
+	if s.PromptTokenThreshold > 0 && r.PromptMean > 0 && r.PromptMean <= maxFinite {
+		// waiting/threshold first: a huge waiting count overflows to
+		// +Inf, never to NaN (PromptMean > 0).
+		if t := waiting / s.PromptTokenThreshold * r.PromptMean; t > q {
+			q = t
+		}
 	}
 	return q // >= 0, never NaN: inputs are finite and >= 0, thresholds > 0
 }

@@ -30,6 +30,7 @@ type options struct {
 	backendPrio bool
 	bpRows      []string // policies also run with backend priority, as rows "<policy>+bp"
 	projection  saturation.KVProjection
+	promptTok   float64
 	aggregate   saturation.Aggregate
 	llmdTTL     time.Duration
 	format      string
@@ -82,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	bpRows := fs.String("backend-priority-rows", strings.Join(defaultBPRows, ","),
 		"comma-separated policies also run with backend priority, as rows named <policy>+bp ('' = none; ignored with -backend-priority)")
 	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
+	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
 	aggregate := fs.String("aggregate", DefaultAggregate.String(), "flowgate's saturation: combine replicas by mean or max (saturation.Scorer.Aggregate)")
 	fs.DurationVar(&o.llmdTTL, "llmd-ttl", 0, "llm-d parity: request TTL enforced by the 1 s sweep (0 = none)")
 	fs.StringVar(&o.format, "format", "table", "output: table (Markdown) or json (JSON Lines: one object per workload, qps, policy, seed)")
@@ -254,6 +256,8 @@ const BPSuffix = "+bp"
 const (
 	DefaultProjection = saturation.ProjectNone
 	DefaultAggregate  = saturation.AggregateMean
+	// DefaultPromptTokens is saturation.Scorer.PromptTokenThreshold (0 = off).
+	DefaultPromptTokens = 0
 )
 
 // defaultPolicies are the policies of the default run (the floor is added by -floor).
@@ -271,7 +275,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
 		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
-		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Projection: o.projection, Aggregate: o.aggregate, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, Aggregate: o.aggregate, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}
 }

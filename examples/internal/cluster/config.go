@@ -105,11 +105,14 @@ type Config struct {
 	// mean prompt and output lengths of finished requests and KV capacity,
 	// what vLLM exports) and mean or max over replicas.
 	Projection saturation.KVProjection
-	Aggregate  saturation.Aggregate
-	Scrape     time.Duration // metrics scrape interval (0 = 50 ms)
-	CV         float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity   int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica    vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	// PromptTokens is the flowgate gateways' saturation.Scorer.PromptTokenThreshold
+	// (0 = off).
+	PromptTokens float64
+	Aggregate    saturation.Aggregate
+	Scrape       time.Duration // metrics scrape interval (0 = 50 ms)
+	CV           float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity     int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica      vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see "Skipping ticks" in examples/sim/README.md.
 	CatchUp int

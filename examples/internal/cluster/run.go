@@ -226,7 +226,7 @@ func run(cfg Config) (*sim, error) {
 		cfg:  cfg,
 		base: time.Unix(0, 0).UTC(),
 		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold,
-			Projection: cfg.Projection, Aggregate: cfg.Aggregate},
+			Projection: cfg.Projection, Aggregate: cfg.Aggregate, PromptTokenThreshold: cfg.PromptTokens},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
