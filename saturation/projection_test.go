@@ -320,3 +320,30 @@ func TestPromptTokenTermProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestCreditThresholdWithProjection: the live credit's threshold T is the
+// in-flight count at which Pod with the credit starts to exceed Pod without
+// it, with the projection on as with it off, so the poller's hinge matches
+// the scorer where the queue term takes over.
+func TestCreditThresholdWithProjection(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		s := Scorer{InFlightCredit: true, Projection: rapid.SampledFrom([]KVProjection{ProjectNone, ProjectCompletion, ProjectSteady}).Draw(t, "projection")}
+		r := good(rapid.Float64Range(0, 20).Draw(t, "w"), rapid.Float64Range(0, 50).Draw(t, "r"), rapid.Float64Range(0, 1).Draw(t, "kv"))
+		r.PromptMean, r.OutputMean, r.KVCapacity = 1000, 500, 1e4
+		th := s.creditThreshold(r)
+		off := s
+		off.InFlightCredit = false
+		base := off.Pod(r, t0)
+		for _, f := range []float64{th - 1, th, th + 1, th + 7} {
+			if f < 0 {
+				continue
+			}
+			q := r
+			q.InFlight = int64(math.Floor(f))
+			want := base + max(0, float64(q.InFlight)-th)/DefaultQueueDepthThreshold
+			if got := s.Pod(q, t0); math.Abs(got-want) > 1e-9 {
+				t.Fatalf("in flight %d, T %v: Pod %v, hinge %v", q.InFlight, th, got, want)
+			}
+		}
+	})
+}
