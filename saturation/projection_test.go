@@ -104,24 +104,16 @@ func TestSteadyKVProperties(t *testing.T) {
 	})
 }
 
-func TestScorerAggregateMax(t *testing.T) {
-	mx := Scorer{Aggregate: AggregateMax}
-	require.NoError(t, mx.Validate())
-	assert.InDelta(t, 0.5, mx.Pool([]Reading{good(0, 0, 0), good(0, 0, 0.4)}, t0), 1e-12)
-	assert.Equal(t, 1.0, mx.Pool(nil, t0), "empty pool is fail safe")
+func TestScorerPoolMax(t *testing.T) {
+	var s Scorer
+	assert.InDelta(t, 0.5, s.PoolMax([]Reading{good(0, 0, 0), good(0, 0, 0.4)}, t0), 1e-12)
+	assert.Equal(t, 1.0, s.PoolMax(nil, t0), "empty pool is fail safe")
 	stale := good(0, 0, 0)
 	stale.At = t0.Add(-time.Second)
-	assert.Equal(t, 1.0, mx.Pool([]Reading{good(0, 0, 0), stale}, t0), "a stale pod scores 1")
-	mx.IgnoreStale = true
-	assert.Equal(t, 0.0, mx.Pool([]Reading{good(0, 0, 0), stale}, t0), "IgnoreStale leaves it out")
-	err := Scorer{Aggregate: 7}.Validate()
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "Scorer.Aggregate")
-	assert.InDelta(t, 0.25, Scorer{Aggregate: 7}.Pool([]Reading{good(0, 0, 0), good(0, 0, 0.4)}, t0), 1e-12,
-		"an invalid Aggregate is the mean, as other invalid fields take their default")
-	assert.Equal(t, "mean", AggregateMean.String())
-	assert.Equal(t, "max", AggregateMax.String())
-	assert.Equal(t, "Aggregate(7)", Aggregate(7).String())
+	assert.Equal(t, 1.0, s.PoolMax([]Reading{good(0, 0, 0), stale}, t0), "a stale pod scores 1")
+	s.IgnoreStale = true
+	assert.Equal(t, 0.0, s.PoolMax([]Reading{good(0, 0, 0), stale}, t0), "IgnoreStale leaves it out")
+	assert.Equal(t, 1.0, s.PoolMax([]Reading{stale}, t0), "no pod counted: fail safe")
 }
 
 // TestKVGrowthProperties checks KVGrowth against its model over any means:
@@ -180,9 +172,7 @@ func TestScorerProjectionProperties(t *testing.T) {
 				hi = max(hi, b)
 			}
 		}
-		mean := proj.Pool(rs, t0)
-		proj.Aggregate = AggregateMax
-		mx := proj.Pool(rs, t0)
+		mean, mx := proj.Pool(rs, t0), proj.PoolMax(rs, t0)
 		if mx < mean*(1-1e-12) {
 			t.Fatalf("max %v below mean %v", mx, mean)
 		}

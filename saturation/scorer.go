@@ -53,11 +53,11 @@ type Reading struct {
 // Scorer turns pod readings into a saturation, the reference gateway's
 // formula by default:
 //
-//	pod  = max(waiting' / QueueDepthThreshold, kv' / KVUtilThreshold)
+//	pod  = max(waiting' / QueueDepthThreshold, kv' / KVUtilThreshold [, waiting'·PromptMean / PromptTokenThreshold])
 //	pool = unweighted mean of pod over the pods
 //
-// where kv' is kv anticipated as Projection says (kv with ProjectNone), and pool is the maximum instead with
-// AggregateMax;
+// where kv' is kv anticipated as Projection says (kv with ProjectNone)
+// (PoolMax is the maximum instead of the mean);
 // waiting' = waiting + max(0, inflight − (waiting + running)) when
 // InFlightCredit is set (requests dispatched but not yet visible in the
 // metrics count as waiting) and waiting' = waiting otherwise.
@@ -119,11 +119,6 @@ type Scorer struct {
 	// reference); otherwise finite and >= 1. A reading without
 	// PromptMean has no such term.
 	PromptTokenThreshold float64
-	// Aggregate is how Pool combines the pods' scores: AggregateMean (the
-	// zero value, the reference gateway's unweighted mean) or AggregateMax
-	// (the most saturated pod: one pod filling up is not averaged away by
-	// an idle one).
-	Aggregate Aggregate
 }
 
 // KVProjection is how Scorer anticipates a pod's KV usage kv from its
@@ -175,28 +170,6 @@ func SteadyKV(running, p, o, c float64) float64 {
 		return 0
 	}
 	return v
-}
-
-// Aggregate is how Scorer.Pool combines pod scores.
-type Aggregate uint8
-
-// Aggregations of Scorer.Aggregate.
-const (
-	// AggregateMean is the unweighted mean over the pods (the reference).
-	AggregateMean Aggregate = iota
-	// AggregateMax is the largest pod score.
-	AggregateMax
-)
-
-// String returns "mean" or "max" (or "Aggregate(N)" for an invalid value).
-func (a Aggregate) String() string {
-	switch a {
-	case AggregateMean:
-		return "mean"
-	case AggregateMax:
-		return "max"
-	}
-	return fmt.Sprintf("Aggregate(%d)", uint8(a))
 }
 
 // KVGrowth returns the factor by which the KV cache held by a pod's running
@@ -257,10 +230,6 @@ func (s Scorer) Validate() error {
 		return fmt.Errorf("%w: Scorer.PromptTokenThreshold must be 0 (off) or finite and >= 1, got %v",
 			ErrInvalidConfig, s.PromptTokenThreshold)
 	}
-	if s.Aggregate > AggregateMax {
-		return fmt.Errorf("%w: Scorer.Aggregate must be AggregateMean or AggregateMax, got %v",
-			ErrInvalidConfig, s.Aggregate)
-	}
 	if s.Projection > ProjectSteady {
 		return fmt.Errorf("%w: Scorer.Projection must be ProjectNone, ProjectCompletion or ProjectSteady, got %v",
 			ErrInvalidConfig, s.Projection)
@@ -281,9 +250,6 @@ func (s Scorer) withDefaults() Scorer {
 	}
 	if s.Staleness < MinStaleness || s.Staleness > MaxStaleness {
 		s.Staleness = DefaultStaleness
-	}
-	if s.Aggregate > AggregateMax {
-		s.Aggregate = AggregateMean
 	}
 	if !(s.PromptTokenThreshold >= 1 && s.PromptTokenThreshold <= maxFinite) {
 		s.PromptTokenThreshold = 0
@@ -311,12 +277,27 @@ func (s Scorer) Usable(r Reading, now time.Time) bool {
 	return s.withDefaults().fresh(r, now)
 }
 
-// Pool returns the unweighted mean (or, with AggregateMax, the maximum) of
-// Pod over rs at time now; 1 when rs is empty, or when IgnoreStale is set
-// and no pod is usable.
+// Pool returns the unweighted mean of Pod over rs at time now; 1 when rs is
+// empty, or when IgnoreStale is set and no pod is usable.
 func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
+	mean, _ := s.pool(rs, now)
+	return mean
+}
+
+// PoolMax returns the largest Pod over rs at time now, with Pool's rules for
+// failed pods and empty pools: the most saturated pod, which an idle pod
+// cannot average away. The Poller scores the mean (Pool); PoolMax is for a
+// host (or a simulator) that scores readings itself.
+func (s Scorer) PoolMax(rs []Reading, now time.Time) float64 {
+	_, hi := s.pool(rs, now)
+	return hi
+}
+
+// pool returns the mean and the maximum of Pod over rs (both 1 with no pod
+// counted).
+func (s Scorer) pool(rs []Reading, now time.Time) (mean, hi float64) {
 	s = s.withDefaults()
-	sum, hi, n := 0.0, 0.0, 0
+	sum, n := 0.0, 0
 	for i := range rs {
 		r := &rs[i]
 		v := 1.0
@@ -332,13 +313,10 @@ func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
 		n++
 	}
 	if n == 0 {
-		return 1
-	}
-	if s.Aggregate == AggregateMax {
-		return hi
+		return 1, 1
 	}
 	// Every term is >= 0 (at worst +Inf): the mean is never NaN.
-	return sum / float64(n)
+	return sum / float64(n), hi
 }
 
 // fresh: a good scrape, no older than Staleness, with finite, non-negative

@@ -31,7 +31,7 @@ type options struct {
 	bpRows      []string // policies also run with backend priority, as rows "<policy>+bp"
 	projection  saturation.KVProjection
 	promptTok   float64
-	aggregate   saturation.Aggregate
+	maxReplicas bool // -aggregate max
 	llmdTTL     time.Duration
 	format      string
 	gateways    int
@@ -84,7 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"comma-separated policies also run with backend priority, as rows named <policy>+bp ('' = none; ignored with -backend-priority)")
 	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
 	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
-	aggregate := fs.String("aggregate", DefaultAggregate.String(), "flowgate's saturation: combine replicas by mean or max (saturation.Scorer.Aggregate)")
+	aggregate := fs.String("aggregate", DefaultAggregate, "flowgate's saturation: combine replicas by mean (saturation.Scorer.Pool) or max (Scorer.PoolMax)")
 	fs.DurationVar(&o.llmdTTL, "llmd-ttl", 0, "llm-d parity: request TTL enforced by the 1 s sweep (0 = none)")
 	fs.StringVar(&o.format, "format", "table", "output: table (Markdown) or json (JSON Lines: one object per workload, qps, policy, seed)")
 	fs.IntVar(&o.gateways, "gateways", 1, "independent gateways (dispatchers) sharing the pool, each with 1/N of the traffic")
@@ -166,9 +166,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	switch *aggregate {
 	case "mean":
-		o.aggregate = saturation.AggregateMean
 	case "max":
-		o.aggregate = saturation.AggregateMax
+		o.maxReplicas = true
 	default:
 		return o, fmt.Errorf("-aggregate: %q must be mean or max", *aggregate)
 	}
@@ -255,7 +254,7 @@ const BPSuffix = "+bp"
 // wiring, chosen by the signal sweep (README.md next to this file).
 const (
 	DefaultProjection = saturation.ProjectNone
-	DefaultAggregate  = saturation.AggregateMean
+	DefaultAggregate  = "mean"
 	// DefaultPromptTokens is saturation.Scorer.PromptTokenThreshold (0 = off).
 	DefaultPromptTokens = 0
 )
@@ -275,7 +274,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
 		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
-		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, Aggregate: o.aggregate, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 	}
 }

@@ -100,19 +100,20 @@ type Config struct {
 	// thresholds (0 = the reference 5 and 0.8, which the llm-d baselines and the
 	// admitter always use).
 	QueueThreshold, KVThreshold float64
-	// Projection and Aggregate are the flowgate gateways' saturation.Scorer
-	// options: how KV usage is anticipated (from each replica's running count,
-	// mean prompt and output lengths of finished requests and KV capacity,
-	// what vLLM exports) and mean or max over replicas.
+	// Projection is the flowgate gateways' saturation.Scorer.Projection: how KV
+	// usage is anticipated (from each replica's running count, mean prompt and
+	// output lengths of finished requests and KV capacity, what vLLM exports).
+	// MaxOverReplicas scores the pool by its most saturated replica
+	// (saturation.Scorer.PoolMax) instead of the mean.
 	Projection saturation.KVProjection
 	// PromptTokens is the flowgate gateways' saturation.Scorer.PromptTokenThreshold
 	// (0 = off).
-	PromptTokens float64
-	Aggregate    saturation.Aggregate
-	Scrape       time.Duration // metrics scrape interval (0 = 50 ms)
-	CV           float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity     int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica      vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	PromptTokens    float64
+	MaxOverReplicas bool
+	Scrape          time.Duration // metrics scrape interval (0 = 50 ms)
+	CV              float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity        int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica         vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see "Skipping ticks" in examples/sim/README.md.
 	CatchUp int
@@ -188,8 +189,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: KVThreshold %v must be in [0, 1] (0 = 0.8)", ErrInvalidConfig, c.KVThreshold)
 	case c.Projection > saturation.ProjectSteady:
 		return fmt.Errorf("%w: Projection %v must be none, completion or steady", ErrInvalidConfig, c.Projection)
-	case c.Aggregate > saturation.AggregateMax:
-		return fmt.Errorf("%w: Aggregate %v must be mean or max", ErrInvalidConfig, c.Aggregate)
 	case c.SharedInFlight < 0:
 		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
 	case !knownPolicy(c.Policy):

@@ -194,6 +194,9 @@ func (src source) Saturation() float64 {
 		return g.satCache
 	}
 	v := s.scorer.Pool(g.readings, s.nowTime())
+	if s.cfg.MaxOverReplicas {
+		v = s.scorer.PoolMax(g.readings, s.nowTime())
+	}
 	g.satCache, g.satVer, g.satOK = v, g.readVer, true
 	stale := s.scorer.Staleness
 	if stale < saturation.MinStaleness || stale > saturation.MaxStaleness {
@@ -226,7 +229,7 @@ func run(cfg Config) (*sim, error) {
 		cfg:  cfg,
 		base: time.Unix(0, 0).UTC(),
 		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold,
-			Projection: cfg.Projection, Aggregate: cfg.Aggregate, PromptTokenThreshold: cfg.PromptTokens},
+			Projection: cfg.Projection, PromptTokenThreshold: cfg.PromptTokens},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
