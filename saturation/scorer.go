@@ -13,6 +13,13 @@ const (
 	DefaultStaleness           = 200 * time.Millisecond
 )
 
+// DefaultPromptTokenThreshold is the Scorer.PromptTokenThreshold that
+// flowhttp.Gateway ships (the Scorer's zero value stays the reference
+// formula, without the term): half of vLLM's default token budget of a step
+// (max_num_batched_tokens 8192) waiting in prompts saturates a pod. Chosen by
+// the signal sweep in examples/sim/README.md.
+const DefaultPromptTokenThreshold = 4096
+
 // Reading is one pod's metrics as the scorer sees them. The Poller fills it
 // from a scrape; a simulator fills it from its model with virtual time.
 type Reading struct {

@@ -255,8 +255,9 @@ const BPSuffix = "+bp"
 const (
 	DefaultProjection = saturation.ProjectNone
 	DefaultAggregate  = "mean"
-	// DefaultPromptTokens is saturation.Scorer.PromptTokenThreshold (0 = off).
-	DefaultPromptTokens = 0
+	// DefaultPromptTokens is saturation.Scorer.PromptTokenThreshold (0 = off): what
+	// flowhttp.Gateway ships.
+	DefaultPromptTokens = saturation.DefaultPromptTokenThreshold
 )
 
 // defaultPolicies are the policies of the default run (the floor is added by -floor).
