@@ -123,7 +123,7 @@ func TestFitRuns(t *testing.T) {
 
 // TestTableStepBoundAndBackendPriorityRows: the default table has the step-time
 // bound beside the floor and the backend-priority rows beside the rows without;
-// -backend-priority-rows ” drops them, and -backend-priority runs every row with it
+// an empty -backend-priority-rows drops them, and -backend-priority runs every row with it
 // (no +bp rows). A bound is printed for an overloaded point (a finite figure, not –).
 func TestTableStepBoundAndBackendPriorityRows(t *testing.T) {
 	out := runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none,soft-reflective")
