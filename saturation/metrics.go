@@ -42,6 +42,10 @@ type MetricNames struct {
 	// mean reads 0 (unknown) and the scrape does not fail.
 	PromptTokens []string
 	OutputTokens []string
+	// CacheConfig names the info gauge whose labels num_gpu_blocks and
+	// block_size give Reading.KVCapacity (tokens; for ProjectSteady).
+	// Optional like the histograms: absent or unparsable, it reads 0.
+	CacheConfig []string
 }
 
 // VLLM returns the names vLLM exports (the default). kv_cache_usage_perc
@@ -54,6 +58,7 @@ func VLLM() MetricNames {
 
 		PromptTokens: []string{"vllm:request_prompt_tokens"},
 		OutputTokens: []string{"vllm:request_generation_tokens"},
+		CacheConfig:  []string{"vllm:cache_config_info"},
 	}
 }
 
@@ -133,6 +138,7 @@ func ParseMetrics(body io.Reader, names MetricNames) (Reading, error) {
 	}
 	r.PromptMean = histogramMean(fams, names.PromptTokens)
 	r.OutputMean = histogramMean(fams, names.OutputTokens)
+	r.KVCapacity = cacheCapacity(fams, names.CacheConfig)
 	r.OK = true
 	return r, nil
 }
@@ -179,7 +185,7 @@ func (f *filter) run(body io.Reader, names MetricNames) ([]byte, error) {
 			f.typ = append(f.typ, "")
 		}
 	}
-	for _, list := range [][]string{names.Waiting, names.Running, names.KVUsage} {
+	for _, list := range [][]string{names.Waiting, names.Running, names.KVUsage, names.CacheConfig} {
 		for _, n := range list {
 			want(n)
 		}
@@ -504,6 +510,41 @@ func histogramMean(fams map[string]*dto.MetricFamily, candidates []string) float
 			return 0
 		}
 		return sum / n
+	}
+	return 0
+}
+
+// cacheCapacity returns num_gpu_blocks × block_size from the labels of the
+// first series of the first candidate that has both as positive numbers
+// (the largest over the series: the biggest engine); 0 when none has.
+func cacheCapacity(fams map[string]*dto.MetricFamily, candidates []string) float64 {
+	for _, name := range candidates {
+		fam := fams[name]
+		if fam == nil {
+			continue
+		}
+		best := 0.0
+		for _, m := range fam.GetMetric() {
+			var blocks, size float64
+			for _, l := range m.GetLabel() {
+				v, err := strconv.ParseFloat(l.GetValue(), 64)
+				if err != nil || !(v > 0) || math.IsInf(v, 0) {
+					continue
+				}
+				switch l.GetName() {
+				case "num_gpu_blocks":
+					blocks = v
+				case "block_size":
+					size = v
+				}
+			}
+			if c := blocks * size; c > best && !math.IsInf(c, 0) {
+				best = c
+			}
+		}
+		if best > 0 {
+			return best
+		}
 	}
 	return 0
 }

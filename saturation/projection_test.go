@@ -241,11 +241,14 @@ vllm:request_prompt_tokens_count{engine="1"} 2
 vllm:request_generation_tokens_bucket{engine="0",le="+Inf"} 5
 vllm:request_generation_tokens_sum{engine="0"} 1500
 vllm:request_generation_tokens_count{engine="0"} 5
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="15912"} 1.0
 `
 	r, err := ParseMetrics(strings.NewReader(page), VLLM())
 	require.NoError(t, err)
 	assert.InDelta(t, 80, r.PromptMean, 1e-12) // (300 + 100) / (3 + 2)
 	assert.InDelta(t, 300, r.OutputMean, 1e-12)
+	assert.Equal(t, 15912.0*16, r.KVCapacity)
 	assert.Equal(t, 2.0, r.Waiting)
 	assert.Equal(t, 0.25, r.KVUsage)
 
@@ -254,13 +257,16 @@ vllm:request_generation_tokens_count{engine="0"} 5
 	require.NoError(t, err)
 	assert.Zero(t, r.PromptMean)
 	assert.Zero(t, r.OutputMean)
+	assert.Zero(t, r.KVCapacity)
 
 	bad := bare + "vllm:request_generation_tokens_sum 10\nvllm:request_generation_tokens_count -1\n" +
-		"vllm:request_prompt_tokens_sum NaN\nvllm:request_prompt_tokens_count 2\n"
+		"vllm:request_prompt_tokens_sum NaN\nvllm:request_prompt_tokens_count 2\n" +
+		"vllm:cache_config_info{block_size=\"x\",num_gpu_blocks=\"15912\"} 1\n"
 	r, err = ParseMetrics(strings.NewReader(bad), VLLM())
 	require.NoError(t, err, "a bad length histogram does not fail the scrape")
 	assert.Zero(t, r.OutputMean)
 	assert.Zero(t, r.PromptMean)
+	assert.Zero(t, r.KVCapacity, "an unparsable block size")
 }
 
 func TestScorerPromptTokenThreshold(t *testing.T) {
