@@ -194,7 +194,7 @@ func (src source) Saturation() float64 {
 		return g.satCache
 	}
 	v := s.scorer.Pool(g.readings, s.nowTime())
-	if s.cfg.MaxOverReplicas {
+	if s.cfg.MaxOverReplicas && s.cfg.flowgate() {
 		v = s.scorer.PoolMax(g.readings, s.nowTime())
 	}
 	g.satCache, g.satVer, g.satOK = v, g.readVer, true
@@ -228,12 +228,17 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:  cfg,
 		base: time.Unix(0, 0).UTC(),
-		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold,
-			Projection: cfg.Projection, PromptTokenThreshold: cfg.PromptTokens},
+		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
 	s.winTicks = (s.window + s.tick - 1) / s.tick
+	if cfg.flowgate() {
+		// The saturation options are flowgate's; the llm-d baselines keep the
+		// reference score (their detector's formula).
+		s.scorer.QueueDepthThreshold, s.scorer.KVUtilThreshold = cfg.QueueThreshold, cfg.KVThreshold
+		s.scorer.Projection, s.scorer.PromptTokenThreshold = cfg.Projection, cfg.PromptTokens
+	}
 	if cfg.Policy == Static {
 		s.policy = flowcontrol.NewStatic(flowcontrol.DefaultStaticThreshold)
 	} else if cfg.Policy == SoftReflective {

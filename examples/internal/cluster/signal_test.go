@@ -46,3 +46,28 @@ func TestSignalReadingsAreWhatVLLMExports(t *testing.T) {
 	require.Positive(t, checked)
 	checkInvariants(t, s)
 }
+
+// TestSignalOptionsAreFlowgates: the saturation options change flowgate's
+// gateways only; the llm-d baselines keep the reference score.
+func TestSignalOptionsAreFlowgates(t *testing.T) {
+	w, err := workload.ByName("codegen")
+	require.NoError(t, err)
+	for _, p := range []string{LLMDStatic, LLMDSoftReflective} {
+		plain := short(w, 16, p)
+		with := plain
+		with.Projection, with.PromptTokens, with.MaxOverReplicas, with.QueueThreshold = saturation.ProjectCompletion, 512, true, 1
+		a, err := Run(plain)
+		require.NoError(t, err)
+		b, err := Run(with)
+		require.NoError(t, err)
+		require.Equal(t, a, b, p)
+	}
+	plain := short(w, 16, SoftReflective)
+	with := plain
+	with.PromptTokens = 512
+	a, err := Run(plain)
+	require.NoError(t, err)
+	b, err := Run(with)
+	require.NoError(t, err)
+	require.NotEqual(t, a.Critical, b.Critical, "the option reaches flowgate's gateway")
+}
