@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
@@ -29,6 +30,7 @@ func routingSim(n int, cfg Config) (*sim, *gateway) {
 // choice at every step: the tie-breaking (round-robin, the scan starting at the
 // counter after its increment) included.
 func TestInFlightRoutingIsLeastLoaded(t *testing.T) {
+	defer goleak.VerifyNone(t) // the gateways are built and closed, never started
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 6).Draw(t, "replicas")
 		eps := make([]string, n)
