@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/flowgate/flowgate/saturation/redisshare"
 
 	"github.com/stretchr/testify/require"
 )
@@ -24,4 +27,19 @@ func TestRoutingFlag(t *testing.T) {
 	err := run([]string{"-routing", "random"}, &out, &errb)
 	require.Error(t, err)
 	require.True(t, strings.HasPrefix(err.Error(), "-routing: "), "%v", err)
+}
+
+// TestSharedInFlightDefault: the simulator's gateways share their view at the period the
+// proxy's replicas ship (redisshare.DefaultPeriod), and the default is what runs: with 4
+// gateways it gives the bytes of -shared-inflight 5ms, not those of off.
+func TestSharedInFlightDefault(t *testing.T) {
+	d, err := time.ParseDuration(DefaultSharedInFlight)
+	require.NoError(t, err)
+	require.Equal(t, redisshare.DefaultPeriod, d)
+
+	args := []string{"-workload", "codegen", "-qps", "16", "-duration", "15s", "-seeds", "1", "-gateways", "4", "-quiet",
+		"-policy", "soft-reflective", "-credit", "-format", "json"}
+	def := runArgs(t, args...)
+	require.Equal(t, runArgs(t, append(args, "-shared-inflight", "5ms")...), def)
+	require.NotEqual(t, runArgs(t, append(args, "-shared-inflight", "off")...), def, "sharing matters with 4 gateways")
 }
