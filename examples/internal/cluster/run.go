@@ -229,8 +229,8 @@ func run(cfg Config) (*sim, error) {
 		return nil, err
 	}
 	s := &sim{
-		cfg:  cfg,
-		base: time.Unix(0, 0).UTC(),
+		cfg:    cfg,
+		base:   time.Unix(0, 0).UTC(),
 		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
