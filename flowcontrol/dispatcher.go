@@ -715,16 +715,55 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 	return d.tick
 }
 
-// fire handles the timer: it runs the due tick (a timer that fired late
-// skips the grid points it missed, as a time.Ticker drops ticks) and
-// returns the wait until the next one, or false to sleep because every band
-// is empty.
+// CatchUp bounds how late a tick Run still makes up. A timer that fires
+// late (its goroutine waited for a P behind CPU-bound goroutines of the
+// process, up to a preemption slice of 10 ms each, or for a core of a busy
+// host) finds k grid points passed since the last tick it ran; Run then
+// runs the due tick plus the missed ones, at most CatchUp of them (rounded
+// up to whole ticks, at least one), back to back. So a gated band's rate,
+// Burst/(Tick·Every), is what the gate asks for however busy the process
+// is, instead of falling with the timer's lateness (a band at Every 3 on a
+// 1 ms tick released 10–13/s instead of 333/s beside one spinning goroutine
+// per P when late ticks were dropped).
+//
+// Why bounded, and why 50 ms: the missed ticks run at one instant, so what
+// a gated band releases at once grows with the catch-up. Each of them is a
+// full tick — it reads the saturation and asks the policy again, and
+// Pacing.Recheck still closes an open band after each release — so a
+// source that counts dispatches at once (in-flight credit) closes the gate
+// during the catch-up as it would have between punctual ticks; a scraped
+// source does not move within it. 50 ms is the scrape period the defaults
+// were chosen at (metrics arrive every ~50 ms), so a catch-up releases at
+// most what punctual ticking would have released between two readings the
+// pool could not see anyway, and it covers several preemption slices of
+// lateness. A longer stall (a stopped process, a stop-the-world pause, a
+// host that took the core away for longer) is an outage, not contention:
+// its remaining grid points are dropped, as a time.Ticker drops ticks, and
+// not counted in Stats.Ticks. With Pacing, ticks are not what open a gated
+// band (readings and completions are counted whenever they came); only
+// the Floor's ticks are made up. Step-driven hosts are unaffected.
+const CatchUp = 50 * time.Millisecond
+
+// catchUpTicks is the number of missed grid points a late timer makes up
+// at a given tick: CatchUp in whole ticks, rounded up, at least one.
+func catchUpTicks(tick time.Duration) int64 {
+	return max(1, int64((CatchUp+tick-1)/tick))
+}
+
+// fire handles the timer: it runs the due tick and, when the timer fired
+// late, the grid points it missed, up to catchUpTicks of them (see
+// CatchUp; the rest are skipped, as a time.Ticker drops ticks), and
+// returns the wait until the next one, or false to sleep because every
+// band is empty.
 func (s *schedule[T]) fire() (time.Duration, bool) {
 	d := s.d
 	tick := int64(d.tick)
 	now := d.nowNanos()
-	s.last += max(1, (now-s.last)/tick) * tick
-	d.Step()
+	k := max(1, (now-s.last)/tick) // grid points passed: 1 on time
+	s.last += k * tick
+	for range min(k, 1+catchUpTicks(d.tick)) {
+		d.Step()
+	}
 	// Swap first: a direct release racing with the check keeps Run awake
 	// for one more tick rather than being missed.
 	if !d.directed.Swap(false) && d.empty() {
