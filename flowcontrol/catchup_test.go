@@ -103,7 +103,7 @@ func TestLateTimerCreditsMissedTicks(t *testing.T) {
 	if n != int64(CatchUp/DefaultTick) {
 		t.Fatalf("catchUpTicks(%v) = %d, want %d", DefaultTick, n, CatchUp/DefaultTick)
 	}
-	for _, late := range []int64{0, 1, 2, 3, 10, n - 1, n, n + 1, n + 2, 3 * n, 1000 * n} {
+	for _, late := range []int64{0, 1, 2, 3, 10, 50, n - 1, n, n + 1, n + 2, 3 * n, 1000 * n} {
 		r := newLateRig(t, constSat(0.75), 1, Pacing{}, 4096) // band 1 at Every 3
 		r.fireLate(t, late, int64(DefaultTick)/2)
 		// The start's tick, the due one, and min(late, n) made up.
@@ -135,8 +135,8 @@ func TestLateTimerCreditsMissedTicks(t *testing.T) {
 // would have between punctual ticks, instead of the whole missed duty
 // cycle being released on the gate read before the timer was late.
 func TestCatchUpReadsTheGate(t *testing.T) {
-	// 0.75 + 0.05 per release: Every 3, 4, 6, 9, then blocked at 1.0
-	// after 5 releases.
+	// 0.75 + 0.05 per release: Every 3, 4, 6, 9, 19 (41 ticks), then
+	// blocked at 1.0 after 5 releases.
 	r := newLateRig(t, func(rel *atomic.Int64) SaturationSource {
 		return creditSat{base: 0.75, step: 0.05, released: rel}
 	}, 1, Pacing{}, 4096)
@@ -158,7 +158,7 @@ func TestCatchUpReadsTheGate(t *testing.T) {
 // where a fire k grid points late credits min(k, 1+catchUpTicks) ticks.
 func TestLateTimerCatchUpModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		const backlog = 1 << 14
+		const backlog = 1 << 15 // more than 1+60·(1+n) ticks release at Every 2, Burst 4
 		burst := rapid.IntRange(1, 4).Draw(t, "burst")
 		sat := rapid.SampledFrom([]float64{0.6, 0.75, 0.9}).Draw(t, "saturation")
 		credit := rapid.Bool().Draw(t, "credit") // the source counts releases
@@ -243,7 +243,7 @@ func TestLateTimerCatchUpModel(t *testing.T) {
 // CatchUp loses no tick and no release; a longer one loses exactly the grid
 // points beyond the bound.
 func TestRunCatchesUpAfterStall(t *testing.T) {
-	for _, stall := range []time.Duration{20 * time.Millisecond, CatchUp, 3 * CatchUp} {
+	for _, stall := range []time.Duration{20 * time.Millisecond, CatchUp, 3 * CatchUp} { // within, at and beyond the bound
 		t.Run(stall.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var reads atomic.Int64
@@ -265,9 +265,9 @@ func TestRunCatchesUpAfterStall(t *testing.T) {
 				ran := make(chan error, 1)
 				start := time.Now()
 				go func() { ran <- d.Run(ctx) }()
-				// Half a tick past the 500th grid point: that
-				// tick has run, the 501st has not.
-				time.Sleep(500*time.Millisecond + 500*time.Microsecond)
+				// 300 ms after the stall, half a tick past a grid
+				// point: that tick has run, the next has not.
+				time.Sleep(stall + 300*time.Millisecond + 500*time.Microsecond)
 				synctest.Wait()
 				elapsed := time.Since(start)
 				cancel()
@@ -275,9 +275,9 @@ func TestRunCatchesUpAfterStall(t *testing.T) {
 					t.Fatalf("Run: %v", err)
 				}
 				grid := int64(elapsed / DefaultTick) // grid points passed
-				// The stall makes the timer stall/tick late (it
-				// is reset after the stalled tick); the points
-				// beyond the bound are lost.
+				// The timer is reset after the stalled tick, so it
+				// fires stall late; the grid points beyond the bound
+				// are lost.
 				lost := max(0, int64(stall/DefaultTick)-catchUpTicks(DefaultTick))
 				want := 1 + grid - lost
 				st := d.Stats()

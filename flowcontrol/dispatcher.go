@@ -723,26 +723,34 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 // up to whole ticks, at least one), back to back. So a gated band's rate,
 // Burst/(Tick·Every), is what the gate asks for however busy the process
 // is, instead of falling with the timer's lateness (a band at Every 3 on a
-// 1 ms tick released 10–13/s instead of 333/s beside one spinning goroutine
+// 1 ms tick released 5–13/s instead of 333/s beside one spinning goroutine
 // per P when late ticks were dropped).
 //
-// Why bounded, and why 50 ms: the missed ticks run at one instant, so what
-// a gated band releases at once grows with the catch-up. Each of them is a
-// full tick — it reads the saturation and asks the policy again, and
-// Pacing.Recheck still closes an open band after each release — so a
-// source that counts dispatches at once (in-flight credit) closes the gate
-// during the catch-up as it would have between punctual ticks; a scraped
-// source does not move within it. 50 ms is the scrape period the defaults
-// were chosen at (metrics arrive every ~50 ms), so a catch-up releases at
-// most what punctual ticking would have released between two readings the
-// pool could not see anyway, and it covers several preemption slices of
-// lateness. A longer stall (a stopped process, a stop-the-world pause, a
-// host that took the core away for longer) is an outage, not contention:
-// its remaining grid points are dropped, as a time.Ticker drops ticks, and
-// not counted in Stats.Ticks. With Pacing, ticks are not what open a gated
-// band (readings and completions are counted whenever they came); only
-// the Floor's ticks are made up. Step-driven hosts are unaffected.
-const CatchUp = 50 * time.Millisecond
+// Why bounded: the missed ticks run at one instant, so what a gated band
+// releases at once grows with the catch-up, up to Burst·CatchUp/(Tick·Every)
+// (67 items at the defaults and Every 3). Each made-up tick is a full tick
+// — it reads the saturation and asks the policy again, and Pacing.Recheck
+// still closes an open band after each release — so a source that counts
+// dispatches at once (the in-flight credit) closes the gate during the
+// catch-up as it would have between punctual ticks; a scraped source does
+// not move within it, but its readings were no fresher during the stall
+// (the poller's goroutines starve with Run's). A stall longer than CatchUp
+// (a stopped process, a host that took the cores away for longer) is an
+// outage, not contention: its remaining grid points are dropped, as a
+// time.Ticker drops ticks, and not counted in Stats.Ticks, so an outage
+// does not end in a flood. With Pacing, ticks are not what open a gated
+// band (readings and completions are counted whenever they came); only the
+// Floor's ticks are made up. Step-driven hosts are unaffected.
+//
+// Why 200 ms: it is the lateness a busy host really produces. On the
+// 2-core development machine at load 20–25 with one spinning goroutine per
+// P in the process, Run's timer fired 35–55 ms apart at the median and up
+// to 250 ms apart; the sheddable band's rate (BenchmarkGatedRate) was
+// 0.79–0.94 of nominal with a 50 ms bound, 0.93–0.99 with 100 ms and
+// 0.996–1.0 with 200 ms (0.55–0.85, 0.84–1.0 and 0.99–1.0 with callers
+// spinning on the open band). It also covers a container throttled by its
+// CPU quota, which stalls for up to one CFS period (100 ms by default).
+const CatchUp = 200 * time.Millisecond
 
 // catchUpTicks is the number of missed grid points a late timer makes up
 // at a given tick: CatchUp in whole ticks, rounded up, at least one.
