@@ -478,6 +478,24 @@ func (d *Dispatcher[T]) credit(k int64) {
 	}
 }
 
+// owed reports whether a made-up tick could release something: some band
+// is gated by its duty cycle (Every > 1) and holds items. Open bands
+// released everything at the tick just run (an item enqueued since has
+// nudged Run, which polls it out as soon as the catch-up returns) and
+// blocked ones release nothing, so for them, and for empty bands, a
+// further tick at the same instant is what credit does.
+func (d *Dispatcher[T]) owed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.bands {
+		b := &d.bands[i]
+		if b.gate > 1 && b.queued.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Skip counts k ticks without running them, for hosts that drive Step on
 // virtual time and skip the ticks on which nothing can change: tick counts,
 // duty cycles and Pacing's floor advance exactly as k Steps would have
@@ -652,6 +670,10 @@ func (d *Dispatcher[T]) regate(i int, b *band[T]) {
 // the ticks it slept through (see Stats.Ticks) and runs the tick that is
 // due, so tick counts, duty cycles and expiry are exactly what ticking
 // through the idle stretch would have given.
+//
+// Late timers lose nothing: a timer that fires late (a busy process or
+// host) runs the ticks it missed, up to CatchUp of them, so a gated band's
+// rate does not depend on CPU contention.
 func (d *Dispatcher[T]) Run(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -769,8 +791,22 @@ func (s *schedule[T]) fire() (time.Duration, bool) {
 	now := d.nowNanos()
 	k := max(1, (now-s.last)/tick) // grid points passed: 1 on time
 	s.last += k * tick
-	for range min(k, 1+catchUpTicks(d.tick)) {
+	n := min(k, 1+catchUpTicks(d.tick))
+	for i := int64(1); ; i++ {
 		d.Step()
+		if i == n {
+			break
+		}
+		if !d.owed() {
+			// No gated band holds anything: the remaining made-up
+			// ticks could only count themselves and advance tick
+			// counts (the first one expired what was due at now),
+			// so they are credited at once rather than run, and a
+			// busy open band's fast path does not lose the tick
+			// lock to a catch-up that cannot release anything.
+			d.credit(n - i)
+			break
+		}
 	}
 	// Swap first: a direct release racing with the check keeps Run awake
 	// for one more tick rather than being missed.
