@@ -765,12 +765,12 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 // Floor's ticks are made up. Step-driven hosts are unaffected.
 //
 // Why 200 ms: it is the lateness a busy host really produces. On the
-// 2-core development machine at load 20–25 with one spinning goroutine per
-// P in the process, Run's timer fired 35–55 ms apart at the median and up
-// to 250 ms apart; the sheddable band's rate (BenchmarkGatedRate) was
-// 0.79–0.94 of nominal with a 50 ms bound, 0.93–0.99 with 100 ms and
-// 0.996–1.0 with 200 ms (0.55–0.85, 0.84–1.0 and 0.99–1.0 with callers
-// spinning on the open band). It also covers a container throttled by its
+// 2-core development machine at load 25, a 1 ms timer in a process with one
+// spinning goroutine per P fired 33–56 ms apart at the median and up to
+// 242 ms apart (five runs of 3 s); at load 23–26 the sheddable band's rate
+// beside the hog (BenchmarkGatedRate) was 0.79–0.94 of nominal with a 50 ms
+// bound, 0.93–0.99 with 100 ms and 0.996–1.0 with 200 ms (0.55–0.85,
+// 0.84–1.0 and 0.99–1.0 with callers spinning on the open band). It also covers a container throttled by its
 // CPU quota, which stalls for up to one CFS period (100 ms by default).
 const CatchUp = 200 * time.Millisecond
 
