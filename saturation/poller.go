@@ -174,6 +174,15 @@ type PodReading struct {
 	Failures int
 	// Scrapes counts all scrape attempts.
 	Scrapes int64
+	// Interval is the time between the starts of the pod's last two
+	// scrapes (zero before its second): the cadence the poller achieved
+	// for it, Interval when it keeps up, longer when it cannot.
+	Interval time.Duration
+	// Owed is the time the poller itself has kept the pod's reading from
+	// being refreshed since it was taken (waiting for a concurrency
+	// slot, or for a Poll round to reach it), which its staleness does
+	// not count (see Poller.Stats); zero right after a good scrape.
+	Owed time.Duration
 }
 
 // pod is the poller's state of one endpoint.
@@ -181,9 +190,19 @@ type pod struct {
 	PodReading
 	bad       bool      // the last scrape parsed an unusable value
 	lastStart time.Time // start of the newest scrape applied
-	cr        *credit   // live in-flight count and credit threshold
-	peers     int64     // PeerInFlight at the pod's last scoring
-	stop      context.CancelFunc
+	// lastResult is when that scrape's result was applied.
+	lastResult time.Time
+	cr         *credit // live in-flight count and credit threshold
+	peers      int64   // PeerInFlight at the pod's last scoring
+	stop       context.CancelFunc
+	// pendingSince is when the pod's pending scrape became due (zero: no
+	// scrape pending). While one is pending, the pod is judged as of that
+	// instant: the wait for a slot and the scrape itself are the
+	// poller's backlog, not the pod's age.
+	pendingSince time.Time
+	// owed is the backlog already spent on the failed scrapes since the
+	// last good reading (their waits for a slot), subtracted from its age.
+	owed time.Duration
 }
 
 // Poller scrapes the Prometheus metrics pages of a pool of model servers and
@@ -221,7 +240,16 @@ type Poller struct {
 	// poisons the sum with Inf − Inf nor is lost.
 	sum    float64
 	n, inf int
+	usable int       // pods Usable at their last scoring
 	run    *runState // non-nil while Run runs
+	// stopped: Run has returned (or Close stopped a Start) and no Poll
+	// has run since: the pool reads 1 whatever is rescored.
+	stopped   bool
+	lastRound time.Duration // length of the last Poll round (Stats)
+	lat       latency       // the scrapes' latency, and the timeout it allows
+	// missK is how many scrapes in a row a pod may fail before its
+	// reading ages on the plain clock: ceil(Staleness / Interval).
+	missK int
 
 	onApply func(endpoint string) // test hook: after a scrape result is applied
 
@@ -286,7 +314,8 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		cfg.Now = time.Now
 	}
 	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*pod{},
-		sem: make(chan struct{}, cfg.MaxConcurrency)}
+		sem:   make(chan struct{}, cfg.MaxConcurrency),
+		missK: int(max(1, (staleness+cfg.Interval-1)/cfg.Interval))}
 	if cfg.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		// The default keeps 100 idle connections in all and 2 per host:
@@ -449,8 +478,20 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	if p.cfg.PeerInFlight != nil {
 		pd.peers = max(0, p.cfg.PeerInFlight(pd.Endpoint))
 	}
-	pd.Score = p.scorer.Pod(pd.Reading, now)
-	pd.Usable = p.scorer.Usable(pd.Reading, now)
+	// The poller's own backlog does not age a reading: a pending scrape
+	// holds the pod as of when it fell due, the waits for a slot of the
+	// failed scrapes since the reading are subtracted, and so is the
+	// length of the last Poll round (see Poller.Stats).
+	at := now
+	if pd.Failures < p.missK {
+		if !pd.pendingSince.IsZero() && pd.pendingSince.Before(at) {
+			at = pd.pendingSince
+		}
+		at = at.Add(-pd.owed)
+	} // else the pod has missed as many scrapes as Staleness allows: its own doing
+	pd.Owed = now.Sub(at)
+	pd.Score = p.scorer.Pod(pd.Reading, at)
+	pd.Usable = p.scorer.Usable(pd.Reading, at)
 	t := uint64(creditTMask) // no credit
 	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
 		// credit = max(0, own + peers − T) = max(0, own − (T − peers)),
@@ -480,6 +521,9 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 // countLocked adds (sign 1) or removes (sign −1) a pod's score to or from the
 // running pool sum, as Scorer.Pool would count it.
 func (p *Poller) countLocked(pd *pod, sign int) {
+	if pd.Usable {
+		p.usable += sign
+	}
 	if !pd.Usable && p.scorer.IgnoreStale {
 		return
 	}
@@ -498,7 +542,7 @@ const bigScore = 1 << 20
 
 // resumLocked recomputes the running sum from the pods' current scores.
 func (p *Poller) resumLocked() {
-	p.sum, p.n, p.inf = 0, 0, 0
+	p.sum, p.n, p.inf, p.usable = 0, 0, 0, 0
 	for _, pd := range p.order {
 		p.countLocked(pd, 1)
 	}
@@ -507,6 +551,12 @@ func (p *Poller) resumLocked() {
 // publishLocked publishes the running pool sum (Saturation adds the live
 // credit on read).
 func (p *Poller) publishLocked() {
+	if p.stopped {
+		// Run has returned: nothing keeps the readings fresh, whatever
+		// a Rescore or SetEndpoints recomputes.
+		p.live.snap.Store(stoppedSnap)
+		return
+	}
 	p.live.snap.Store(&poolSnap{sum: p.sum, n: p.n, inf: p.inf})
 }
 
@@ -527,7 +577,22 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	}
 	before := pd.Score
 	p.countLocked(pd, -1)
-	pd.lastStart = res.start
+	if !pd.lastStart.IsZero() {
+		pd.Interval = res.start.Sub(pd.lastStart)
+	}
+	now := p.cfg.Now()
+	if !pd.pendingSince.IsZero() {
+		if res.err != nil {
+			// From when the scrape fell due to its failure: the wait
+			// for a slot and the time the poller gave the pod.
+			pd.owed += max(0, now.Sub(pd.pendingSince))
+		}
+		pd.pendingSince = time.Time{}
+	}
+	if res.err == nil {
+		pd.owed = 0
+	}
+	pd.lastStart, pd.lastResult = res.start, now
 	pd.Scrapes++
 	pd.LastAttempt = res.start
 	pd.Err = res.err
@@ -543,7 +608,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 			pd.OK = false
 		}
 	}
-	p.scorePodLocked(pd, p.cfg.Now())
+	p.scorePodLocked(pd, now)
 	p.countLocked(pd, 1)
 	if before > bigScore && !math.IsInf(before, 1) || pd.Score > bigScore && !math.IsInf(pd.Score, 1) {
 		// Taking a huge score out of the running sum would cancel the
@@ -563,10 +628,21 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 // result. A result cut short because ctx ended is applied only when
 // applyCancelled (Poll reports it; a stopping worker drops it).
 func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled bool) error {
+	if !applyCancelled { // a Run worker: the scrape is due now
+		p.mu.Lock()
+		if pd.pendingSince.IsZero() {
+			pd.pendingSince = p.cfg.Now()
+		}
+		p.mu.Unlock()
+	}
 	var res scrapeResult
 	select {
 	case p.sem <- struct{}{}:
-		res = p.scrape(ctx, pd.Endpoint)
+		t0 := time.Now()
+		res = p.scrape(ctx, pd.Endpoint, p.lat.timeout(p.cfg.Timeout))
+		if ctx.Err() == nil {
+			p.lat.observe(time.Since(t0), errors.Is(res.err, context.DeadlineExceeded))
+		}
 		<-p.sem
 	case <-ctx.Done():
 		res = scrapeResult{start: p.cfg.Now(),
@@ -589,8 +665,15 @@ func (p *Poller) Poll(ctx context.Context) error {
 	p.round.Lock()
 	defer p.round.Unlock()
 
+	start := p.cfg.Now()
 	p.mu.Lock()
+	p.stopped = false // fresh readings again
 	pods := append([]*pod(nil), p.order...)
+	for _, pd := range pods {
+		if pd.pendingSince.IsZero() { // every scrape of the round is due now
+			pd.pendingSince = start
+		}
+	}
 	p.mu.Unlock()
 	errs := make([]error, len(pods))
 	var next atomic.Int64
@@ -609,14 +692,34 @@ func (p *Poller) Poll(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	p.Rescore()
+	p.mu.Lock()
+	// The rest of the round after a pod was due again (an Interval after
+	// its scrape started, or at its result if that came later) is the
+	// poller's backlog too: going round took that long. Owed, as the wait
+	// for a slot is, until the pod's next good reading.
+	end := p.cfg.Now()
+	p.lastRound = max(0, end.Sub(start))
+	for _, pd := range pods {
+		if p.pods[pd.Endpoint] != pd || pd.lastResult.IsZero() {
+			continue
+		}
+		due := pd.lastStart.Add(p.cfg.Interval)
+		if due.Before(pd.lastResult) {
+			due = pd.lastResult
+		}
+		if end.After(due) {
+			pd.owed += end.Sub(due)
+		}
+	}
+	p.rescoreLocked()
+	p.mu.Unlock()
 	return errors.Join(errs...)
 }
 
 // scrape fetches and parses one endpoint.
-func (p *Poller) scrape(ctx context.Context, ep string) (res scrapeResult) {
+func (p *Poller) scrape(ctx context.Context, ep string, timeout time.Duration) (res scrapeResult) {
 	res.start = p.cfg.Now()
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	fail := func(err error) scrapeResult {
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
@@ -702,6 +805,7 @@ func (p *Poller) loop(parent context.Context) error {
 	rs := &runState{ctx: ctx}
 	p.mu.Lock()
 	p.run = rs
+	p.stopped = false
 	// Spread the first scrapes evenly over one interval: endpoints
 	// started together would stay in step, and the whole pool would hit
 	// the concurrency bound at once every interval.
@@ -724,8 +828,10 @@ func (p *Poller) loop(parent context.Context) error {
 
 	p.mu.Lock()
 	p.run = nil
+	p.stopped = true // reads 1 from here, whatever is rescored
 	for _, pd := range p.order {
 		pd.stop = nil // cancelled with ctx below
+		pd.pendingSince = time.Time{}
 	}
 	p.mu.Unlock()
 	cancel()

@@ -336,10 +336,20 @@ func TestPollerConcurrencyBound(t *testing.T) {
 		assert.Equal(t, 3, rec.peak)
 		assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
 
-		// A scrape slower than its Timeout fails with DeadlineExceeded.
-		rec.delay = 20 * time.Millisecond
+		// The effective timeout follows the median latency (10 ms here):
+		// TimeoutLatencyFactor times it, above the configured 15 ms.
+		st := p.Stats()
+		assert.InDelta(t, 10*time.Millisecond, st.Latency, float64(time.Millisecond), "median latency")
+		assert.Equal(t, TimeoutLatencyFactor*st.Latency, st.Timeout)
+
+		// A scrape much slower than its peers (200 ms against a median
+		// of 10 ms) fails with DeadlineExceeded, within the bound of
+		// MaxTimeoutGrowth·Timeout (150 ms).
+		rec.delay = 200 * time.Millisecond
+		start = time.Now()
 		err = p.Poll(context.Background())
 		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+		assert.LessOrEqual(t, time.Since(start), 7*MaxTimeoutGrowth*15*time.Millisecond, "7 waves of 3 slots, each cut at 150 ms at most")
 		require.NoError(t, p.Close())
 	})
 }
