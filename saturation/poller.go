@@ -484,8 +484,8 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	// length of the last Poll round (see Poller.Stats).
 	at := now
 	if pd.Failures < p.missK {
-		if !pd.pendingSince.IsZero() && pd.pendingSince.Before(at) {
-			at = pd.pendingSince
+		if due := p.dueLocked(pd); !due.IsZero() && due.Before(at) {
+			at = due
 		}
 		at = at.Add(-pd.owed)
 	} // else the pod has missed as many scrapes as Staleness allows: its own doing
@@ -516,6 +516,27 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	default:
 		pd.Reason = ReasonStale
 	}
+}
+
+// dueLocked returns when the poller owed pd its next scrape (zero: not
+// known, or not owed): under Run, an Interval after its last scrape started,
+// or at that scrape's result if it came later (the worker's ticker drops the
+// ticks it missed, so the next scrape is due at once); under Poll, the start
+// of the round in progress. It is derived from the schedule, not from when
+// the worker goroutine gets to run, so a starved scheduler's delay counts as
+// the poller's backlog too.
+func (p *Poller) dueLocked(pd *pod) time.Time {
+	due := pd.pendingSince
+	if p.run != nil && !pd.lastResult.IsZero() {
+		d := pd.lastStart.Add(p.cfg.Interval)
+		if d.Before(pd.lastResult) {
+			d = pd.lastResult
+		}
+		if due.IsZero() || d.Before(due) {
+			due = d
+		}
+	}
+	return due
 }
 
 // countLocked adds (sign 1) or removes (sign −1) a pod's score to or from the
@@ -581,16 +602,17 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 		pd.Interval = res.start.Sub(pd.lastStart)
 	}
 	now := p.cfg.Now()
-	if !pd.pendingSince.IsZero() {
-		if res.err != nil {
-			// From when the scrape fell due to its failure: the wait
-			// for a slot and the time the poller gave the pod.
-			pd.owed += max(0, now.Sub(pd.pendingSince))
-		}
-		pd.pendingSince = time.Time{}
+	if due := p.dueLocked(pd); res.err != nil && !due.IsZero() {
+		// From when the scrape fell due to its failure: the wait for a
+		// slot and the time the poller gave the pod.
+		pd.owed += max(0, now.Sub(due))
 	}
+	pd.pendingSince = time.Time{}
 	if res.err == nil {
-		pd.owed = 0
+		// The reading is stamped when its headers arrived; reading and
+		// parsing the body until now is the poller's time, not the
+		// pod's age (on a starved node it can pass the staleness).
+		pd.owed = max(0, now.Sub(res.r.At))
 	}
 	pd.lastStart, pd.lastResult = res.start, now
 	pd.Scrapes++
@@ -628,13 +650,6 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 // result. A result cut short because ctx ended is applied only when
 // applyCancelled (Poll reports it; a stopping worker drops it).
 func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled bool) error {
-	if !applyCancelled { // a Run worker: the scrape is due now
-		p.mu.Lock()
-		if pd.pendingSince.IsZero() {
-			pd.pendingSince = p.cfg.Now()
-		}
-		p.mu.Unlock()
-	}
 	var res scrapeResult
 	select {
 	case p.sem <- struct{}{}:
