@@ -66,7 +66,11 @@ type PollerConfig struct {
 	// the first scrapes are spread evenly over the first interval, so a
 	// large pool is scraped at a steady rate rather than in bursts; a
 	// scrape that takes longer than Interval delays only its own
-	// endpoint's next one (scrapes of one endpoint never overlap).
+	// endpoint's next one (scrapes of one endpoint never overlap). A pool
+	// larger than the machine can scrape every Interval is reached less
+	// often, each pod in turn (the scrapes wait for a slot in order);
+	// Poller.Stats and PodReading.Interval report the cadence achieved,
+	// and that backlog does not age the readings (see Poller).
 	Interval time.Duration
 	// Timeout bounds one scrape (connect, headers and body), counted from
 	// when the scrape gets one of the MaxConcurrency slots, so waiting for
@@ -74,7 +78,11 @@ type PollerConfig struct {
 	// [MinTimeout, Scorer.Staleness]: a scrape allowed to outlast the
 	// staleness would deliver a reading older than the pod's last one
 	// expired, while the pod read as failed. Default 100 ms, or
-	// Scorer.Staleness if that is shorter.
+	// Scorer.Staleness if that is shorter. It is the floor of the
+	// effective timeout: on a node so busy that healthy scrapes take
+	// longer, a scrape is cut off only after TimeoutLatencyFactor (4)
+	// times the median latency of the recent scrapes, and at the latest
+	// after MaxTimeoutGrowth (10) times Timeout (Poller.Stats reports it).
 	Timeout time.Duration
 	// MaxConcurrency bounds the scrapes in flight at once, over Run and
 	// Poll together; >= 0. Default DefaultMaxConcurrency (64).
@@ -222,6 +230,29 @@ type pod struct {
 // MaxConcurrency at once, and the pool is rescored every Interval. Or call
 // Poll for one synchronous round (tests, simulations). No goroutine outlives
 // Poll, Run or Close. The zero value is not usable; call NewPoller.
+//
+// # Staleness against the cadence achieved
+//
+// A pool can be more than the machine scrapes every Interval (1,000 pods of
+// a 43 KB page cost ~340 µs of CPU each: 20,000 scrapes a second is more
+// than two cores), and a busy node slows every scrape. The poller then
+// reaches each pod less often, and that is its own backlog, not the pod's
+// age: a pod is judged as of when its next scrape fell due (under Run an
+// Interval after its last one started, or at that one's result if later;
+// under Poll the round's start) for as long as the poller is behind on it,
+// and the time the poller spent on it since its last good reading (waits
+// for a slot, failed scrapes, the rest of a Poll round, reading the body
+// after the headers' timestamp) is not counted in its age either
+// (PodReading.Owed). So a healthy pod stays usable at any pool size and
+// cadence, and Stats reports the cadence (Interval, MaxInterval) and the
+// effective timeout. A pod that really fails still scores 1: a bad value at
+// once, FailFast at the first failure, and otherwise once it has failed
+// ceil(Staleness/Interval) scrapes in a row (4 by default), from which its
+// reading ages on the plain clock again. A pod answering errors at once is
+// thus at 1 about Staleness after its last good reading while the poller
+// keeps up, and after 4 of its turns when it does not; a pod that hangs,
+// after 4 timeouts (4 × 100 ms by default, up to 4 × 1 s on a node so slow
+// that the timeout has grown).
 type Poller struct {
 	cfg     PollerConfig
 	scorer  Scorer
@@ -442,9 +473,12 @@ func (p *Poller) Readings() []PodReading {
 
 // Rescore recomputes the saturation from the readings held, with the current
 // clock, without scraping: readings age (a pod whose reading passes
-// Scorer.Staleness scores 1 from here). Run rescores every Interval and
-// every Poll ends with one; the result equals Scorer.Pool over the readings
-// with their in-flight counts. It takes the poller's lock and costs O(pods):
+// Scorer.Staleness, less what the poller owes it — see Poller — scores 1
+// from here). Run rescores every Interval and every Poll ends with one; the
+// result equals Scorer.Pool over the readings with their in-flight counts,
+// each judged at its own instant (now less PodReading.Owed). Once Run has
+// returned (or Close stopped a Start) the pool keeps reading 1, Rescore or
+// not, until a Poll reads the pods again. It takes the poller's lock and costs O(pods):
 // it is not needed for the in-flight credit of Dispatched and Finished,
 // which moves the saturation at once; only the deprecated PollerConfig.InFlight
 // hook is read here (and at each scrape result) and nowhere else.
@@ -656,7 +690,7 @@ func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled boo
 		t0 := time.Now()
 		res = p.scrape(ctx, pd.Endpoint, p.lat.timeout(p.cfg.Timeout))
 		if ctx.Err() == nil {
-			p.lat.observe(time.Since(t0), errors.Is(res.err, context.DeadlineExceeded))
+			p.lat.observe(time.Since(t0))
 		}
 		<-p.sem
 	case <-ctx.Done():
@@ -804,7 +838,8 @@ func (c *cappedReader) Read(b []byte) (int, error) {
 // Run scrapes every endpoint every Interval, each on its own schedule (see
 // PollerConfig.Interval), and rescores the pool every Interval, until ctx is
 // done; then it returns ctx.Err(). It fails with ErrRunning if the poller is
-// already running. When it returns, the saturation reads 1 and no goroutine
+// already running. When it returns, the saturation reads 1 (and keeps
+// reading 1 through Rescore and SetEndpoints, until a Poll) and no goroutine
 // it started is left.
 func (p *Poller) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {

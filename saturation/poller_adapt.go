@@ -26,21 +26,24 @@ const (
 // a slot to the result) with a stochastic estimator: each sample above the
 // estimate raises it by 1/16, each one below lowers it by 1/16, so it
 // settles where half the samples lie on each side, in O(1) and without a
-// window. A scrape that timed out counts as above: it took at least the
-// timeout. A minority of hanging pods thus cannot raise the median, and so
-// cannot lengthen the timeout that cuts them off.
+// window. A scrape that timed out counts with the time it was given (the
+// timeout, above the median): a minority of hanging pods thus cannot raise
+// the median, and so cannot lengthen the timeout that cuts them off; and
+// since no sample exceeds the longest timeout, neither can the estimate
+// (counting a timeout as "longer than anything" let it grow without bound,
+// past int64, once most scrapes timed out under the race detector).
 type latency struct {
 	median atomic.Int64 // nanoseconds; 0 before the first sample
 }
 
-func (l *latency) observe(d time.Duration, timedOut bool) {
+func (l *latency) observe(d time.Duration) {
 	for {
 		m := l.median.Load()
 		var next int64
 		switch {
 		case m == 0:
 			next = max(int64(d), 1)
-		case timedOut || int64(d) > m:
+		case int64(d) > m:
 			next = m + m/16 + 1
 		default:
 			next = max(m-m/16, 1)

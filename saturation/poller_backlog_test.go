@@ -191,16 +191,16 @@ func TestLatencyMedian(t *testing.T) {
 	var l latency
 	// Samples 1..100 ms in a scrambled order, many times over.
 	for k := range 200 * 100 {
-		l.observe(time.Duration((k*37)%100+1)*time.Millisecond, false)
+		l.observe(time.Duration((k*37)%100+1) * time.Millisecond)
 	}
 	m := time.Duration(l.median.Load())
 	assert.InDelta(t, 50*time.Millisecond, m, float64(10*time.Millisecond), "median of 1..100 ms")
 	assert.Equal(t, max(TimeoutLatencyFactor*m, 100*time.Millisecond), l.timeout(100*time.Millisecond))
 	for k := range 200 * 100 {
 		if k%10 < 3 {
-			l.observe(time.Second, true)
+			l.observe(time.Second) // a timeout
 		} else {
-			l.observe(time.Duration((k*37)%100+1)*time.Millisecond, false)
+			l.observe(time.Duration((k*37)%100+1) * time.Millisecond)
 		}
 	}
 	// 30 % above everything: the estimate sits where 50 % of all samples
@@ -208,4 +208,12 @@ func TestLatencyMedian(t *testing.T) {
 	m = time.Duration(l.median.Load())
 	assert.InDelta(t, 71*time.Millisecond, m, float64(12*time.Millisecond), "with 30 %% timeouts")
 	assert.Equal(t, MaxTimeoutGrowth*10*time.Millisecond, l.timeout(10*time.Millisecond), "capped")
+	// Every scrape timing out at 1 s: the estimate rises to 1 s and no
+	// further.
+	for range 10000 {
+		l.observe(time.Second)
+	}
+	m = time.Duration(l.median.Load())
+	assert.LessOrEqual(t, m, time.Second+time.Second/16)
+	assert.GreaterOrEqual(t, m, time.Second-time.Second/16)
 }

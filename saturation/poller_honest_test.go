@@ -109,15 +109,32 @@ func scalePool(t testing.TB, n int, failing bool) ([]string, map[string]bool) {
 }
 
 // honestPods is the pool size of the honest-scale tests: 1,000 pods under
-// FLOWGATE_FULL=1, 200 otherwise.
+// FLOWGATE_FULL=1, 200 otherwise, 50 under the race detector (which slows a
+// scrape about tenfold: there the tests check the accounting under
+// concurrency, at the defaults scaled by raceSlowdown; see honestConfig).
 func honestPods(t testing.TB) int {
 	t.Helper()
+	if raceSlowdown > 1 {
+		t.Logf("race detector: 50 pods, the default Interval, Timeout and Staleness ×%d", raceSlowdown)
+		return 50
+	}
 	if fullSize() {
 		t.Logf("full size (FLOWGATE_FULL=1): 1000 pods")
 		return 1000
 	}
 	t.Logf("default size: 200 pods (FLOWGATE_FULL=1 runs 1000)")
 	return 200
+}
+
+// honestConfig is the default configuration over eps, with Interval,
+// Timeout and Staleness scaled by raceSlowdown (1 without the race
+// detector: the defaults themselves).
+func honestConfig(eps []string) PollerConfig {
+	if raceSlowdown == 1 {
+		return PollerConfig{Endpoints: eps}
+	}
+	return PollerConfig{Endpoints: eps, Interval: DefaultInterval * raceSlowdown,
+		Timeout: DefaultTimeout * raceSlowdown, Scorer: Scorer{Staleness: DefaultStaleness * raceSlowdown}}
 }
 
 // cpuHog keeps every P of this process busy with a spinning goroutine (a
@@ -219,7 +236,7 @@ func TestPollerHonestPoll(t *testing.T) {
 		t.Skip("a large pool on the real clock")
 	}
 	honestCases(t, func(t *testing.T, n int, eps []string, bad map[string]bool) {
-		p, err := NewPoller(PollerConfig{Endpoints: eps})
+		p, err := NewPoller(honestConfig(eps))
 		require.NoError(t, err)
 		defer p.Close()
 		for round := range 5 {
@@ -246,7 +263,7 @@ func TestPollerHonestRun(t *testing.T) {
 		t.Skip("a large pool on the real clock")
 	}
 	honestCases(t, func(t *testing.T, n int, eps []string, bad map[string]bool) {
-		p, err := NewPoller(PollerConfig{Endpoints: eps})
+		p, err := NewPoller(honestConfig(eps))
 		require.NoError(t, err)
 		defer p.Close()
 		start := time.Now()
