@@ -67,7 +67,8 @@ type PollerStats struct {
 	// Pods is the number of endpoints.
 	Pods int
 	// Usable is the number of pods that counted on their merits at their
-	// last scoring (PodReading.Usable).
+	// last scoring (PodReading.Usable; kept as it was when Run returned,
+	// while Saturation reads 1).
 	Usable int
 	// Interval is the mean, over the pods scraped at least twice, of the
 	// time between the starts of a pod's last two scrapes
@@ -79,7 +80,9 @@ type PollerStats struct {
 	// MaxInterval is the longest PodReading.Interval.
 	MaxInterval time.Duration
 	// Latency is the median scrape latency (from taking a concurrency
-	// slot to the result) of the recent scrapes; zero before the first.
+	// slot to the result) of the recent scrapes, on the runtime's clock
+	// like the timeout it sets (not PollerConfig.Now); zero before the
+	// first.
 	Latency time.Duration
 	// Timeout is the effective scrape timeout now: PollerConfig.Timeout,
 	// or TimeoutLatencyFactor·Latency when that is longer, at most

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 )
 
 // podBehaviour is how a pod of backlogTransport answers.
@@ -216,4 +219,33 @@ func TestLatencyMedian(t *testing.T) {
 	m = time.Duration(l.median.Load())
 	assert.LessOrEqual(t, m, time.Second+time.Second/16)
 	assert.GreaterOrEqual(t, m, time.Second-time.Second/16)
+}
+
+// TestLatencyMedianProperty: against the sorted samples, whatever their
+// distribution and order, the estimate stays within [min, max] of the
+// samples (with its 1/16 step of slack), and after enough samples drawn
+// from a fixed set it lies between their 10th and 90th percentiles.
+func TestLatencyMedianProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		vals := rapid.SliceOfN(rapid.Int64Range(1, int64(10*time.Second)), 1, 50).Draw(t, "values")
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "seed"), 0)) // the order of the samples
+		var l latency
+		lo, hi := vals[0], vals[0]
+		for range 4000 {
+			v := vals[rng.IntN(len(vals))]
+			lo, hi = min(lo, v), max(hi, v)
+			l.observe(time.Duration(v))
+			m := l.median.Load()
+			if m < lo-lo/16-1 || m > hi+hi/16+1 {
+				t.Fatalf("estimate %v outside the samples' [%v, %v]", time.Duration(m), time.Duration(lo), time.Duration(hi))
+			}
+		}
+		sorted := slices.Clone(vals)
+		slices.Sort(sorted)
+		p10, p90 := sorted[len(sorted)/10], sorted[(len(sorted)*9)/10]
+		if m := l.median.Load(); m < p10-p10/8 || m > p90+p90/8 {
+			t.Fatalf("estimate %v outside the 10th..90th percentiles [%v, %v] of %v",
+				time.Duration(m), time.Duration(p10), time.Duration(p90), sorted)
+		}
+	})
 }
