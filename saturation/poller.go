@@ -186,10 +186,13 @@ type PodReading struct {
 	// scrapes (zero before its second): the cadence the poller achieved
 	// for it, Interval when it keeps up, longer when it cannot.
 	Interval time.Duration
-	// Owed is the time the poller itself has kept the pod's reading from
-	// being refreshed since it was taken (waiting for a concurrency
-	// slot, or for a Poll round to reach it), which its staleness does
-	// not count (see Poller.Stats); zero right after a good scrape.
+	// Owed is how much of the reading's age, at the pod's last scoring,
+	// was the poller's own backlog rather than the pod's (see Poller:
+	// the wait since its next scrape fell due, the time spent on its
+	// failed scrapes, the rest of a Poll round, reading the body after
+	// the headers' timestamp), which its staleness does not count. It is
+	// zero once the pod has failed ceil(Staleness/Interval) scrapes in a
+	// row.
 	Owed time.Duration
 }
 
@@ -203,13 +206,14 @@ type pod struct {
 	cr         *credit // live in-flight count and credit threshold
 	peers      int64   // PeerInFlight at the pod's last scoring
 	stop       context.CancelFunc
-	// pendingSince is when the pod's pending scrape became due (zero: no
-	// scrape pending). While one is pending, the pod is judged as of that
-	// instant: the wait for a slot and the scrape itself are the
-	// poller's backlog, not the pod's age.
+	// pendingSince is the start of the Poll round whose scrape of the pod
+	// is still to come (zero: none); under Run the due time follows from
+	// the schedule instead (see dueLocked).
 	pendingSince time.Time
-	// owed is the backlog already spent on the failed scrapes since the
-	// last good reading (their waits for a slot), subtracted from its age.
+	// owed is the backlog already spent on the pod since its last good
+	// reading (the body read after its timestamp, then each failed
+	// scrape from when it fell due, and the rest of each Poll round),
+	// subtracted from the reading's age.
 	owed time.Duration
 }
 
@@ -235,9 +239,9 @@ type pod struct {
 //
 // A pool can be more than the machine scrapes every Interval (a scrape of a
 // 43 KB vLLM page costs ~330 µs of CPU, client and server: 1,000 pods every
-// 50 ms would take ~7 cores; see BenchmarkPollerScrape43KB), and a busy node slows every scrape. The poller then
-// reaches each pod less often, and that is its own backlog, not the pod's
-// age: a pod is judged as of when its next scrape fell due (under Run an
+// 50 ms would take ~7 cores; see BenchmarkPollerScrape43KB), and a busy
+// node slows every scrape. The poller then reaches each pod less often,
+// and that is its own backlog, not the pod's age: a pod is judged as of when its next scrape fell due (under Run an
 // Interval after its last one started, or at that one's result if later;
 // under Poll the round's start) for as long as the poller is behind on it,
 // and the time the poller spent on it since its last good reading (waits
@@ -478,7 +482,8 @@ func (p *Poller) Readings() []PodReading {
 // result equals Scorer.Pool over the readings with their in-flight counts,
 // each judged at its own instant (now less PodReading.Owed). Once Run has
 // returned (or Close stopped a Start) the pool keeps reading 1, Rescore or
-// not, until a Poll reads the pods again. It takes the poller's lock and costs O(pods):
+// not, until a Poll reads the pods again. It takes the poller's lock and
+// costs O(pods):
 // it is not needed for the in-flight credit of Dispatched and Finished,
 // which moves the saturation at once; only the deprecated PollerConfig.InFlight
 // hook is read here (and at each scrape result) and nowhere else.
@@ -512,10 +517,9 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	if p.cfg.PeerInFlight != nil {
 		pd.peers = max(0, p.cfg.PeerInFlight(pd.Endpoint))
 	}
-	// The poller's own backlog does not age a reading: a pending scrape
-	// holds the pod as of when it fell due, the waits for a slot of the
-	// failed scrapes since the reading are subtracted, and so is the
-	// length of the last Poll round (see Poller.Stats).
+	// The poller's own backlog does not age a reading (see Poller): the
+	// pod is judged as of when its next scrape fell due, less what the
+	// poller already owes it.
 	at := now
 	if pd.Failures < p.missK {
 		if due := p.dueLocked(pd); !due.IsZero() && due.Before(at) {
