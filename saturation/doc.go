@@ -85,10 +85,27 @@
 //
 // Run scrapes every endpoint on its own schedule, every Interval, with the
 // endpoints' phases spread over the first interval; each scrape runs under
-// its own Timeout once it holds one of MaxConcurrency slots, and each result
+// its own timeout once it holds one of MaxConcurrency slots, and each result
 // updates the pool value as it arrives. The pool is also rescored every
 // Interval, so readings age and in-flight counts are refreshed between
-// results. Poll runs one synchronous round, for tests and simulations;
+// results.
+//
+// The schedule adapts to what the machine sustains. A pool larger than it
+// can scrape every Interval is reached less often, each pod in turn; a busy
+// node slows every scrape, and the effective timeout follows: the longer of
+// Timeout and TimeoutLatencyFactor (4) times the median scrape latency, at
+// most MaxTimeoutGrowth (10) times Timeout. Staleness is judged against
+// that achieved cadence: the time the poller itself kept a pod waiting
+// (for a slot, for a Poll round to come back to it, on its failed scrapes)
+// does not age the pod's reading, so a healthy pod is never stale because
+// of the poller's backlog; a pod that fails ceil(Staleness/Interval) scrapes
+// in a row (4 by default) ages on the plain clock again and scores 1.
+// Poller.Stats reports the usable pods, the per-pod interval achieved (mean
+// and max), the median latency and the effective timeout; PodReading.Interval
+// and PodReading.Owed give them per pod. Once Run returns the pool reads 1,
+// whatever is rescored, until a Poll.
+//
+// Poll runs one synchronous round, for tests and simulations;
 // Scorer's methods are pure (time is an argument), so a simulator scores its
 // model on virtual time without a poller at all.
 //
