@@ -3,7 +3,6 @@ package flowcontrol
 import (
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 )
 
@@ -237,9 +236,8 @@ func (p *PriorityHoldback) Ceiling(band, bands int) float64 {
 	if bands <= 1 {
 		return p.hi
 	}
-	c := rankCeiling(p.lo, p.hi, min(band, bands-1), bands)
 	// Float rounding must not take the last band below minCeiling.
-	return math.Max(c, p.lo)
+	return max(rankCeiling(p.lo, p.hi, min(band, bands-1), bands), p.lo)
 }
 
 // Gate implements CeilingPolicy.
