@@ -463,7 +463,10 @@ func TestInvalidConfig(t *testing.T) {
 		{Options{Addr: "x:1", ReplicaID: "a", Period: time.Microsecond}, "Options.Period"},
 		{Options{Addr: "x:1", ReplicaID: "a", Period: -time.Second}, "Options.Period"},
 		{Options{Addr: "x:1", ReplicaID: "a", TTL: 10 * time.Millisecond}, "Options.TTL"},
-		{Options{Addr: "x:1", ReplicaID: "a", Timeout: 5 * time.Millisecond}, "Options.Timeout"},
+		{Options{Addr: "x:1", ReplicaID: "a", Timeout: 251 * time.Millisecond}, "Options.Timeout"},
+		{Options{Addr: "x:1", ReplicaID: "a", TTL: 40 * time.Millisecond, Period: 10 * time.Millisecond, Timeout: 11 * time.Millisecond}, "Options.Timeout"},
+		{Options{Addr: "x:1", Redis: &redis.UniversalOptions{Addrs: []string{"x:1"}}, ReplicaID: "a"}, "Options.Redis"},
+		{Options{Redis: &redis.UniversalOptions{}, ReplicaID: "a"}, "Options.Redis.Addrs"},
 		{Options{Addr: "x:1", ReplicaID: "a", Timeout: -1}, "Options.Timeout"},
 	} {
 		v, err := New(tc.o)
