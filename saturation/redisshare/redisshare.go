@@ -258,15 +258,15 @@ func New(opts Options) (*InFlight, error) {
 	}
 	tag := "{" + opts.Prefix + "}"
 	s := &InFlight{
-		client:  opts.Client,
-		id:      opts.ReplicaID,
-		key:     tag + ":replica:" + opts.ReplicaID,
-		keyBase: tag + ":replica:",
+		client:   opts.Client,
+		id:       opts.ReplicaID,
+		key:      tag + ":replica:" + opts.ReplicaID,
+		keyBase:  tag + ":replica:",
 		members:  tag + ":replicas",
 		instance: newInstance(),
 		period:   opts.Period,
-		ttl:     opts.TTL,
-		timeout: opts.Timeout,
+		ttl:      opts.TTL,
+		timeout:  opts.Timeout,
 		// A peer fetches every Period, so a hash that expires Period before
 		// TTL has left every view within TTL of the writer's last publish
 		// (plus one round trip). A live writer renews it every Period, so it
