@@ -73,7 +73,18 @@ func main() {
 		fatal(err)
 	}
 	if s := cfg.Shared; s.Enabled() {
-		log.Printf("proxy: sharing in-flight counts through redis %s as replica %q (period %v, ttl %v)", s.Address, s.ReplicaID, s.Period, s.TTL)
+		where := s.Address
+		if s.URL != "" {
+			// The servers and the mode, never the URL: it may hold a password.
+			if o, err := s.RedisOptions(); err == nil {
+				mode := s.Mode
+				if mode == "" {
+					mode = "standalone"
+				}
+				where = fmt.Sprintf("%s (%s, tls %v, db %d)", strings.Join(o.Addrs, ","), mode, o.TLSConfig != nil, o.DB)
+			}
+		}
+		log.Printf("proxy: sharing in-flight counts through redis %s as replica %q (period %v, ttl %v)", where, s.ReplicaID, s.Period, s.TTL)
 	}
 	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands, at most %d client connections, %d kept free)",
 		ln.Addr(), urls, cfg.Policy.Type, len(cfg.Bands), sf.maxConns, sf.reservedConns)

@@ -78,17 +78,25 @@ func newReplica(t *testing.T, addr, id string) *replica {
 	return newReplicaPeriod(t, addr, id, testPeriod)
 }
 
-// newSyncedReplica is for tests that call Sync by hand: the period only sets
-// the per-sync timeout then, and a generous one keeps a loaded machine's
-// first dial from failing the test.
+// newSyncedReplica is for tests that call Sync by hand: a generous per-sync
+// timeout (500 ms, TTL/4) keeps a loaded machine's first dial, or a -race
+// run beside a CPU hog, from failing the test.
 func newSyncedReplica(t *testing.T, addr, id string) *replica {
 	return newReplicaPeriod(t, addr, id, 500*time.Millisecond)
 }
 
+// newReplicaPeriod is a replica syncing every period with TTL max(testTTL,
+// 4 periods); a period of 50 ms or more also gets the longest timeout the
+// TTL allows (TTL/4), the default's 50 ms otherwise.
 func newReplicaPeriod(t *testing.T, addr, id string, period time.Duration) *replica {
 	t.Helper()
 	sink := &logSink{}
-	v, err := New(Options{Addr: addr, ReplicaID: id, Period: period, TTL: max(testTTL, 4*period), Logger: slog.New(sink)})
+	ttl := max(testTTL, 4*period)
+	var timeout time.Duration
+	if period >= 50*time.Millisecond {
+		timeout = ttl / 4
+	}
+	v, err := New(Options{Addr: addr, ReplicaID: id, Period: period, TTL: ttl, Timeout: timeout, Logger: slog.New(sink)})
 	require.NoError(t, err)
 	r := &replica{sharedView: v, log: sink, reg: prometheus.NewPedanticRegistry(), stop: func() {}}
 	r.reg.MustRegister(v.Collector())
@@ -555,7 +563,8 @@ func TestFallbackOnInjectedClock(t *testing.T) {
 	defer client.Close()
 	clock := &fakeClock{t: t0}
 	sink := &logSink{}
-	a, err := New(Options{Client: client, ReplicaID: "a", Period: 100 * time.Millisecond, TTL: 2 * time.Second, Now: clock.Now, Logger: slog.New(sink)})
+	a, err := New(Options{Client: client, ReplicaID: "a", Period: 100 * time.Millisecond, TTL: 2 * time.Second, Timeout: 500 * time.Millisecond,
+		Now: clock.Now, Logger: slog.New(sink)})
 	require.NoError(t, err)
 	b := newSyncedReplica(t, srv.Addr(), "b")
 	b.Add("x", 4)

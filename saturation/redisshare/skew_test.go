@@ -12,7 +12,7 @@ import (
 )
 
 // newReplicaWith returns a replica built from opts (Logger and, unless set,
-// Period/TTL filled with newSyncedReplica's generous per-sync timing), its
+// Period/TTL/Timeout filled with newSyncedReplica's generous timing), its
 // client closed in t.Cleanup.
 func newReplicaWith(t *testing.T, opts Options) *replica {
 	t.Helper()
@@ -23,6 +23,9 @@ func newReplicaWith(t *testing.T, opts Options) *replica {
 	}
 	if opts.TTL == 0 {
 		opts.TTL = 4 * opts.Period
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = opts.TTL / 4 // generous: syncs are driven by hand
 	}
 	v, err := New(opts)
 	require.NoError(t, err)

@@ -223,7 +223,7 @@ type SaturationConfig struct {
 // SharedConfig configures the in-flight view shared with the other gateway
 // replicas through Redis (package saturation/redisshare). Only the per-backend
 // in-flight counts are shared; queues, bands and the dispatcher stay local.
-// The zero value (Address "") is off: the proxy routes and credits on its
+// The zero value (Address and URL "") is off: the proxy routes and credits on its
 // own counts.
 type SharedConfig struct {
 	// Address is the Redis "host:port" (one server, no auth, no TLS).
@@ -238,7 +238,7 @@ type SharedConfig struct {
 	// ModeSentinel or ModeCluster.
 	Mode string
 	// ReplicaID names this replica among those sharing the Redis; it must
-	// be unique (a pod name). Required when Address is set.
+	// be unique (a pod name). Required when sharing is on.
 	ReplicaID string
 	// Period between two syncs with Redis. Default redisshare.DefaultPeriod.
 	Period time.Duration
