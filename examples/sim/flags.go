@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,7 @@ type options struct {
 	pacing      flowcontrol.Pacing
 	shared      time.Duration
 	sharedExact bool
+	routing     string
 	admission   bool
 	tenants     float64
 	fairness    string
@@ -61,6 +63,11 @@ type options struct {
 // sweep; see README.md next to this file).
 const DefaultCredit = false
 
+// DefaultSharedInFlight is -shared-inflight's default: several gateways share their
+// in-flight view every 5 ms, saturation/redisshare's DefaultPeriod, as the example proxy's
+// replicas do when given a Redis.
+const DefaultSharedInFlight = "5ms"
+
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
@@ -85,7 +92,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	tenants := fs.String("tenants", "", "noisy neighbour A:B: tenant A sends A/B times tenant B's rate in the sheddable band and all critical traffic is B's (e.g. 10:1; JSON gets b_critical_ttft_p99_ms and b_sheddable_ttft_p99_ms); or long-short: tenant A sends the requests costing more than the median, B the others (JSON gets a_token_share)")
 	fs.StringVar(&o.fairness, "fairness", "", "with -tenants: the flowgate bands' fairness (fcfs, round-robin, fair-share)")
 	fs.BoolVar(&o.bAlone, "tenant-b-alone", false, "with -tenants: drop tenant A's arrivals (tenant B alone)")
-	shared := fs.String("shared-inflight", "off", "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms")
+	// Several gateways model proxy replicas as deployed: sharing their in-flight view at
+	// saturation/redisshare's DefaultPeriod (TestSharedInFlightDefault keeps the two equal).
+	// Without it each gateway's gate sees only its own dispatches (examples/sim/README.md,
+	// Several gateways: codegen@16 ×1.5–2.9 of one gateway at G = 2..8, against ×1.06–1.17).
+	// With one gateway there is no one to share with and the flag changes nothing.
+	shared := fs.String("shared-inflight", DefaultSharedInFlight, "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms (the default: saturation/redisshare's period)")
+	fs.StringVar(&o.routing, "routing", cluster.DefaultRouting, "how a gateway picks a replica: scrape (least max(scraped waiting + running, in flight seen) at the last scrape) or inflight (fewest in flight as the gateway sees them, ties round-robin: the example proxy's routing)")
 	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION, recheck")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
 	fs.Float64Var(&o.qthr, "queue-threshold", 0, "flowgate's saturation: waiting requests that alone saturate a pod (0 = the reference 5; llm-d baselines keep 5)")
@@ -171,6 +184,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		o.shared = d
 	}
+	if !slices.Contains(cluster.Routings(), o.routing) {
+		return o, fmt.Errorf("-routing: %q must be scrape or inflight", o.routing)
+	}
 	if o.format != "table" && o.format != "json" {
 		return o, fmt.Errorf("-format: %q must be table or json", o.format)
 	}
@@ -219,7 +235,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
-		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Admission: o.admission,
+		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Routing: o.routing, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
 		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,

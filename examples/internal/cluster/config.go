@@ -36,6 +36,26 @@ func Policies() []string {
 	return []string{Floor, None, LLMDStatic, LLMDSoftReflective, Static, SoftReflective}
 }
 
+// Routing names: how a gateway picks the replica for a request it dispatches.
+const (
+	// RoutingScrape is the replica with the least max(scraped waiting + running,
+	// in-flight count the gateway sees there) at the last scrape; ties go to fewer of
+	// the gateway's own requests in flight, then the lower index. Several gateways
+	// that scrape the same page herd onto the replica it shows emptiest.
+	RoutingScrape = "scrape"
+	// RoutingInFlight is the example proxy's and flowhttp.Gateway.LeastLoaded's
+	// routing: the replica with the fewest requests in flight as this gateway sees
+	// them (its own, plus the other gateways' with SharedInFlight, as the proxy's
+	// shared view adds them), ties broken round-robin by a per-gateway counter.
+	RoutingInFlight = "inflight"
+)
+
+// Routings lists the routing names.
+func Routings() []string { return []string{RoutingScrape, RoutingInFlight} }
+
+// DefaultRouting is Config.Routing's zero value.
+const DefaultRouting = RoutingScrape
+
 func knownPolicy(p string) bool {
 	for _, q := range Policies() {
 		if p == q {
@@ -74,6 +94,9 @@ type Config struct {
 	// 0: "per request").
 	SharedInFlight      time.Duration
 	SharedInFlightExact bool
+	// Routing is how each gateway picks a replica: RoutingScrape or RoutingInFlight
+	// ("" = DefaultRouting).
+	Routing string
 	// Tenants, if > 0, is the noisy neighbour: the sheddable band's traffic is split
 	// between two tenants, A sending Tenants times B's rate (each sheddable arrival is
 	// B's with probability 1/(1+Tenants), from a stream of its own); every critical
@@ -123,12 +146,18 @@ type Config struct {
 	// onTick, if set, is called after every tick the dispatcher runs, with the
 	// saturation the tick was accounted at (tests).
 	onTick func(s *sim, g *gateway, sat float64)
+	// onRoute, if set, is called with every routing decision, before the request
+	// counts on replica r (tests).
+	onRoute func(s *sim, g *gateway, r int)
 }
 
 // Defaults returns cfg with every zero optional field set.
 func (c Config) withDefaults() Config {
 	if c.DrainLimit == 0 {
 		c.DrainLimit = 20 * c.Duration
+	}
+	if c.Routing == "" {
+		c.Routing = DefaultRouting
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 2
@@ -180,6 +209,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
 	case !knownPolicy(c.Policy):
 		return fmt.Errorf("%w: Policy %q must be one of %q", ErrInvalidConfig, c.Policy, Policies())
+	case c.Routing != RoutingScrape && c.Routing != RoutingInFlight:
+		return fmt.Errorf("%w: Routing %q must be one of %q", ErrInvalidConfig, c.Routing, Routings())
 	case c.Duration <= 0:
 		return fmt.Errorf("%w: Duration %v must be > 0", ErrInvalidConfig, c.Duration)
 	case c.DrainLimit < 0:

@@ -16,7 +16,7 @@ import (
 // fuzz iteration) with every request ending exactly once (completed,
 // rejected, timed out or unfinished at the drain limit; checkInvariants
 // when all finished), for every policy, with or without client timeouts
-// and backend priority.
+// and backend priority, under either routing (policy's top bit: inflight).
 // Never a panic.
 func FuzzConfig(f *testing.F) {
 	f.Add(10.0, uint8(5), int64(50*time.Millisecond), int64(0), 2, 1, int64(0), 0, int64(0), 0, -1.0, int64(0), false)
@@ -29,6 +29,8 @@ func FuzzConfig(f *testing.F) {
 	f.Add(200.0, uint8(3), int64(time.Second), int64(time.Second), 1, 3, int64(0), 0, int64(0), 0, 0.5, int64(300*time.Millisecond), false)
 	f.Add(150.0, uint8(1), int64(time.Second), int64(time.Second), 2, 1, int64(0), 0, int64(0), 0, 0.5, int64(50*time.Millisecond), true)
 	f.Add(100.0, uint8(0), int64(time.Second), int64(time.Second), 2, 1, int64(0), 0, int64(0), 0, 0.5, int64(0), false)
+	f.Add(150.0, uint8(0x85), int64(time.Second), int64(time.Second), 2, 3, int64(0), 0, int64(0), 0, 0.5, int64(50*time.Millisecond), false)
+	f.Add(40.0, uint8(0x81), int64(20*time.Millisecond), int64(time.Second), 3, 2, int64(time.Millisecond), 4, int64(10*time.Millisecond), 16, 0.0, int64(0), true)
 	f.Fuzz(func(t *testing.T, qps float64, policy uint8, duration, drain int64, replicas, gateways int, tick int64, burst int,
 		scrape int64, capacity int, cv float64, timeout int64, backendPrio bool) {
 		ps := Policies()
@@ -36,6 +38,9 @@ func FuzzConfig(f *testing.F) {
 			DrainLimit: time.Duration(drain), Seed: 1, Replicas: replicas, Gateways: gateways, Tick: time.Duration(tick),
 			Burst: burst, Scrape: time.Duration(scrape), Capacity: capacity, CV: cv,
 			ClientTimeout: time.Duration(timeout), BackendPriority: backendPrio}
+		if policy&0x80 != 0 {
+			cfg.Routing = RoutingInFlight
+		}
 		valid := qps > 0 && !math.IsInf(qps, 1) && duration > 0 && drain >= 0 && replicas >= 0 && gateways >= 0 &&
 			tick >= 0 && burst >= 0 && scrape >= 0 && capacity >= 0 && timeout >= 0
 		small := valid && qps*float64(duration)/1e9 <= 200 && duration <= int64(time.Second) &&

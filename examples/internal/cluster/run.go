@@ -98,6 +98,9 @@ type gateway struct {
 	// syncPending: an evSync is pushed for this instant (SharedInFlightExact)
 	syncPending bool
 	readings    []saturation.Reading
+	// rr is RoutingInFlight's tie-breaker: the proxy's and LeastLoaded's
+	// round-robin counter, advanced once per routing decision.
+	rr uint64
 
 	lastTick    int64 // index of the last tick Step ran (tick k is at k·Tick); -1 none
 	tickPending bool
@@ -743,11 +746,19 @@ func (s *sim) scrape(g *gateway, gi int32) {
 	s.schedule(g, gi)
 }
 
-// route picks the least loaded replica as this gateway sees it: the larger of the
-// scraped waiting+running and the in-flight count it sees there (its own requests that
-// the metrics may not show yet, plus the other gateways' with a shared view); ties go to
-// fewer own in-flight requests, then lower index.
+// route picks the replica for gateway g's next request by the configured routing.
 func (s *sim) route(g *gateway) int {
+	if s.cfg.Routing == RoutingInFlight {
+		return s.routeInFlight(g)
+	}
+	return s.routeScrape(g)
+}
+
+// routeScrape (RoutingScrape) picks the least loaded replica as this gateway sees it:
+// the larger of the scraped waiting+running and the in-flight count it sees there (its
+// own requests that the metrics may not show yet, plus the other gateways' with a
+// shared view); ties go to fewer own in-flight requests, then lower index.
+func (s *sim) routeScrape(g *gateway) int {
 	best, bestLoad, bestOwn := 0, math.Inf(1), int64(math.MaxInt64)
 	for r := range s.replicas {
 		rd := g.readings[r]
@@ -759,12 +770,37 @@ func (s *sim) route(g *gateway) int {
 	return best
 }
 
+// routeInFlight (RoutingInFlight) is the example proxy's pick and
+// flowhttp.Gateway.LeastLoaded, step for step: the counter advances first and the
+// scan starts at counter mod N, so a gateway's first pick scans from replica 1; the
+// first replica in that cyclic order with strictly the fewest requests in flight as
+// this gateway sees them (seen: own, plus the others' as last synced) wins. The
+// proxy's other preferences — over backends that failed within the last second or
+// whose metrics the poller cannot use — never apply here: simulated replicas do not
+// fail and every scrape succeeds.
+func (s *sim) routeInFlight(g *gateway) int {
+	n := len(s.replicas)
+	g.rr++
+	start := int(g.rr % uint64(n))
+	best, bestLoad := -1, int64(0)
+	for k := range n {
+		r := (start + k) % n
+		if load := s.seen(g, r); best < 0 || load < bestLoad {
+			best, bestLoad = r, load
+		}
+	}
+	return best
+}
+
 // dispatch is the Dispatcher's callback: the request goes to a replica now.
 func (s *sim) dispatch(gi int32, band int, id int32) {
 	g := s.gws[gi]
 	g.queued[band]--
 	q := &s.reqs[id]
 	r := s.route(g)
+	if s.cfg.onRoute != nil {
+		s.cfg.onRoute(s, g, r)
+	}
 	q.replica = int32(r)
 	q.dispatch = s.now
 	if s.cfg.LongShort && !q.critical && s.now >= s.window/4 && s.now < 3*s.window/4 {

@@ -1,0 +1,195 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"pgregory.net/rapid"
+
+	"github.com/flowgate/flowgate/examples/internal/vllm"
+	"github.com/flowgate/flowgate/examples/internal/workload"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+)
+
+// routingSim is the part of a sim that routing reads: n replicas (never stepped) and
+// one gateway's counts.
+func routingSim(n int, cfg Config) (*sim, *gateway) {
+	s := &sim{cfg: cfg, replicas: make([]*vllm.Replica, n)}
+	return s, &gateway{inflight: make([]int64, n), others: make([]int64, n)}
+}
+
+// TestInFlightRoutingIsLeastLoaded drives the simulator's inflight routing and a real
+// flowhttp.Gateway's LeastLoaded (the example proxy's pick is the same loop) through
+// the same random sequence of requests forwarded and finished, and requires the same
+// choice at every step: the tie-breaking (round-robin, the scan starting at the
+// counter after its increment) included.
+func TestInFlightRoutingIsLeastLoaded(t *testing.T) {
+	defer goleak.VerifyNone(t) // the gateways are built and closed, never started
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "replicas")
+		eps := make([]string, n)
+		idx := map[string]int{}
+		for i := range eps {
+			eps[i] = fmt.Sprintf("http://10.0.0.%d:8000", i+1)
+			idx[eps[i]] = i
+		}
+		gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: eps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer gw.Close()
+		s, g := routingSim(n, Config{Routing: RoutingInFlight})
+		type open struct {
+			r    int
+			done func()
+		}
+		var live []open
+		for step := range rapid.IntRange(1, 200).Draw(t, "steps") {
+			if len(live) > 0 && rapid.Bool().Draw(t, "finish") {
+				k := rapid.IntRange(0, len(live)-1).Draw(t, "which")
+				live[k].done()
+				g.inflight[live[k].r]--
+				live = append(live[:k], live[k+1:]...)
+				continue
+			}
+			want := idx[gw.LeastLoaded()]
+			got := s.route(g)
+			if got != want {
+				t.Fatalf("step %d: sim routed to %d, LeastLoaded to %d (own in flight %v)", step, got, want, g.inflight)
+			}
+			live = append(live, open{got, gw.Forward(httptest.NewRecorder(), eps[got])})
+			g.inflight[got]++
+		}
+	})
+}
+
+// TestInFlightRoutingAddsTheSharedView: with a shared view the load is own + the
+// others' as last synced (the proxy's redisshare Endpoint.InFlight); without one the
+// others' counts are not seen.
+func TestInFlightRoutingAddsTheSharedView(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		cfg := Config{Routing: RoutingInFlight}
+		if shared {
+			cfg.SharedInFlight = 5 * time.Millisecond
+		}
+		s, g := routingSim(3, cfg)
+		g.inflight = []int64{2, 3, 2}
+		g.others = []int64{9, 0, 0}
+		var got []int
+		for range 4 {
+			got = append(got, s.route(g))
+		}
+		if shared {
+			// Loads 11, 3, 2: replica 2 whatever the start.
+			require.Equal(t, []int{2, 2, 2, 2}, got)
+		} else {
+			// Loads 2, 3, 2: the tie between 0 and 2 goes to whichever the scan
+			// (starting at 1, 2, 0, 1) meets first.
+			require.Equal(t, []int{2, 2, 0, 2}, got)
+		}
+	}
+}
+
+// TestInFlightRoutingPicksFewest runs short experiments with inflight routing and
+// checks every routing decision: the chosen replica has no more requests in flight, as
+// the gateway sees them, than any other; where the view is exact (one gateway, or an
+// exact shared view once the instant's syncs have landed: checked with one gateway
+// only, where seen is the pool's true count) no replica has fewer requests in flight
+// than the chosen one.
+func TestInFlightRoutingPicksFewest(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := rapid.SampledFrom([]workload.Workload{workload.Codegen, workload.Chat}).Draw(t, "workload")
+		qps := map[string]float64{"codegen": 16, "chat": 80}[w.Name] * rapid.Float64Range(0.5, 1.5).Draw(t, "load")
+		c := Config{Workload: w, QPS: qps, Duration: 2 * time.Second, CV: -1, Routing: RoutingInFlight,
+			Policy:   rapid.SampledFrom([]string{None, SoftReflective, Static, LLMDSoftReflective}).Draw(t, "policy"),
+			Seed:     rapid.Uint64Range(1, 1000).Draw(t, "seed"),
+			Gateways: rapid.IntRange(1, 4).Draw(t, "gateways"),
+			Replicas: rapid.IntRange(1, 4).Draw(t, "replicas"),
+			Credit:   rapid.Bool().Draw(t, "credit")}
+		switch rapid.IntRange(0, 2).Draw(t, "shared") {
+		case 1:
+			c.SharedInFlightExact = true
+		case 2:
+			c.SharedInFlight = time.Duration(rapid.IntRange(1, 50).Draw(t, "period ms")) * time.Millisecond
+		}
+		routes := 0
+		var bad string
+		c.onRoute = func(s *sim, g *gateway, r int) {
+			routes++
+			for j := range s.replicas {
+				if bad == "" && s.seen(g, j) < s.seen(g, r) {
+					bad = fmt.Sprintf("at %v routed to %d seeing %d in flight, %d sees %d", time.Duration(s.now), r, s.seen(g, r), j, s.seen(g, j))
+				}
+				if bad == "" && len(s.gws) == 1 && s.total[j] < s.total[r] {
+					bad = fmt.Sprintf("one gateway: at %v routed to %d with %d in flight, %d has %d", time.Duration(s.now), r, s.total[r], j, s.total[j])
+				}
+			}
+		}
+		s, err := run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bad != "" {
+			t.Fatal(bad)
+		}
+		res := s.result()
+		if routes != res.Critical.Completed+res.Sheddable.Completed+res.Unfinished {
+			t.Fatalf("%d routing decisions for %d completed and %d unfinished", routes, res.Critical.Completed+res.Sheddable.Completed, res.Unfinished)
+		}
+		for r, n := range s.total {
+			if res.Unfinished == 0 && n != 0 {
+				t.Fatalf("replica %d: %d still in flight after the drain", r, n)
+			}
+		}
+	})
+}
+
+// TestRoutingDeterministic: each routing gives the same result for the same seed, the
+// two routings differ with several gateways, and tick skipping stays exact under
+// inflight routing.
+func TestRoutingDeterministic(t *testing.T) {
+	c := short(workload.Codegen, 16, SoftReflective)
+	c.Gateways = 4
+	c.Duration = 15 * time.Second
+	byRouting := map[string]Result{}
+	for _, r := range Routings() {
+		c.Routing = r
+		a, err := Run(c)
+		require.NoError(t, err)
+		b, err := Run(c)
+		require.NoError(t, err)
+		require.Equal(t, a, b, r)
+		byRouting[r] = a
+	}
+	require.NotEqual(t, byRouting[RoutingScrape], byRouting[RoutingInFlight], "the routing matters with 4 gateways")
+	c.Routing = ""
+	def, err := Run(c)
+	require.NoError(t, err)
+	require.Equal(t, byRouting[DefaultRouting], def, "the zero Routing is DefaultRouting")
+
+	for _, gws := range []int{1, 2, 4} {
+		for _, exact := range []bool{false, true} {
+			c := short(workload.Codegen, 16, SoftReflective)
+			c.Routing, c.Gateways, c.Duration = RoutingInFlight, gws, 10*time.Second
+			c.ClientTimeout = 5 * time.Second
+			if gws > 1 {
+				c.SharedInFlightExact, c.SharedInFlight = exact, 5*time.Millisecond
+			}
+			requireSkipExact(t, c)
+		}
+	}
+}
+
+func TestRoutingConfigError(t *testing.T) {
+	c := short(workload.Chat, 10, SoftReflective)
+	c.Routing = "random"
+	_, err := Run(c)
+	require.True(t, errors.Is(err, ErrInvalidConfig), "%v", err)
+	require.True(t, strings.Contains(err.Error(), "Routing"), "the error names the field: %v", err)
+}
