@@ -55,6 +55,16 @@
 // usable. Scorer.IgnoreStale leaves such pods out of the mean instead. A
 // pool with no pods, or none counted, is 1.
 //
+// Beyond the reference formula, Scorer can anticipate what the gauges show
+// late, from what vLLM also exports (ParseMetrics reads the mean prompt and
+// output lengths of finished requests from vllm:request_prompt_tokens and
+// vllm:request_generation_tokens): Scorer.PromptTokenThreshold weighs the
+// waiting requests by their prompt tokens (flowhttp.Gateway ships it at
+// DefaultPromptTokenThreshold), Scorer.Projection scores KV usage at the
+// running requests' expected completion or steady batch, and
+// Scorer.PoolMax takes the most saturated pod instead of the mean. The
+// simulator's sweep (examples/sim/README.md) chose among them.
+//
 // In-flight credit (Scorer.InFlightCredit) closes the gap between a dispatch
 // and the next scrape: requests this host has sent to a pod beyond what the
 // pod's metrics show (waiting + running) count as waiting. The host tells the
