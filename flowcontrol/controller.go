@@ -213,8 +213,25 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 // even if the band is gated, without spending the band's burst. Stats counts
 // it as cancelled, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
-	if err := c.door(ctx, band); err != nil {
+	t, gen, err := c.acquire(ctx, band)
+	if err != nil {
 		return noop, err
+	}
+	// The one allocation of a released Wait: done must be a func() that
+	// fires once per release, so it carries the ticket and its
+	// generation (a closure per ticket reused across generations could
+	// not tell a second call from the next owner's).
+	return func() { t.done(gen) }, nil
+}
+
+// acquire is Wait without the done func: on release it returns the ticket
+// and the generation whose done releases it, and allocates nothing in
+// steady state. It is the whole of Wait's path, so that a handle returned
+// by value (see BenchmarkOpenPathHandle) measures exactly what Wait does
+// but the closure.
+func (c *Controller) acquire(ctx context.Context, band int) (*ticket, uint64, error) {
+	if err := c.door(ctx, band); err != nil {
+		return nil, 0, err
 	}
 	if c.d.direct(band) {
 		// Open band, nothing ahead, Run ticking: released at once,
@@ -227,10 +244,7 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 			c.onOutcome(band, nil, 0)
 		}
 		t := c.pool.Get().(*ticket)
-		t.uses++
-		gen := t.uses
-		t.gen.Store(gen)
-		return func() { t.done(gen) }, nil
+		return t, t.hold(), nil
 	}
 	t := c.pool.Get().(*ticket)
 	t.state.Store(stateWaiting)
@@ -242,13 +256,41 @@ func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error
 	t.flow = nil
 	if err := c.d.Enqueue(band, t); err != nil {
 		c.pool.Put(t)
-		return noop, err
+		return nil, 0, err
 	}
-	return c.await(ctx, band, t, start, nil)
+	if err := c.awaitTicket(ctx, band, t, start); err != nil {
+		return nil, 0, err
+	}
+	return t, t.hold(), nil
 }
 
-// await is the blocking half of Wait and WaitRequest, once t is queued.
+// hold starts the ticket's next generation, the one its done releases.
+// Owner only.
+func (t *ticket) hold() uint64 {
+	t.uses++
+	t.gen.Store(t.uses)
+	return t.uses
+}
+
+// await is the blocking half of WaitRequest, once t is queued.
 func (c *Controller) await(ctx context.Context, band int, t *ticket, start time.Time, r *Request) (done func(), err error) {
+	if err := c.awaitTicket(ctx, band, t, start); err != nil {
+		return noop, err
+	}
+	gen := t.hold()
+	if r != nil {
+		// The flow and estimate are copied now: once done fires, the
+		// ticket may be reused.
+		f, est := t.flow, t.cost
+		return func() { t.doneServed(gen, r, f, est) }, nil
+	}
+	return func() { t.done(gen) }, nil
+}
+
+// awaitTicket waits for a queued ticket's outcome: nil when it was
+// dispatched (the caller then owns t and starts its generation), or the
+// error Wait returns (t is recycled or, cancelled, the dispatcher's).
+func (c *Controller) awaitTicket(ctx context.Context, band int, t *ticket, start time.Time) error {
 	select {
 	case <-t.ch:
 	case <-ctx.Done():
@@ -262,28 +304,19 @@ func (c *Controller) await(ctx context.Context, band int, t *ticket, start time.
 				c.onOutcome(band, ErrCancelled, c.now().Sub(start))
 			}
 			c.d.Abandon(band)
-			return noop, fmt.Errorf("%w: %w", ErrCancelled, ctx.Err())
+			return fmt.Errorf("%w: %w", ErrCancelled, ctx.Err())
 		}
 		<-t.ch // the dispatcher won; its signal is on its way
 	}
 	switch t.state.Load() {
 	case stateDispatched:
-		t.uses++
-		gen := t.uses
-		t.gen.Store(gen)
-		if r != nil {
-			// The flow and estimate are copied now: once done fires,
-			// the ticket may be reused.
-			f, est := t.flow, t.cost
-			return func() { t.doneServed(gen, r, f, est) }, nil
-		}
-		return func() { t.done(gen) }, nil
+		return nil
 	case stateExpired:
 		c.pool.Put(t)
-		return noop, ErrExpired
+		return ErrExpired
 	default:
 		c.pool.Put(t)
-		return noop, ErrClosed
+		return ErrClosed
 	}
 }
 

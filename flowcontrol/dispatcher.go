@@ -478,6 +478,24 @@ func (d *Dispatcher[T]) credit(k int64) {
 	}
 }
 
+// owed reports whether a made-up tick could release something: some band
+// is gated by its duty cycle (Every > 1) and holds items. Open bands
+// released everything at the tick just run (an item enqueued since has
+// nudged Run, which polls it out as soon as the catch-up returns) and
+// blocked ones release nothing, so for them, and for empty bands, a
+// further tick at the same instant is what credit does.
+func (d *Dispatcher[T]) owed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.bands {
+		b := &d.bands[i]
+		if b.gate > 1 && b.queued.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Skip counts k ticks without running them, for hosts that drive Step on
 // virtual time and skip the ticks on which nothing can change: tick counts,
 // duty cycles and Pacing's floor advance exactly as k Steps would have
@@ -652,6 +670,10 @@ func (d *Dispatcher[T]) regate(i int, b *band[T]) {
 // the ticks it slept through (see Stats.Ticks) and runs the tick that is
 // due, so tick counts, duty cycles and expiry are exactly what ticking
 // through the idle stretch would have given.
+//
+// Late timers lose nothing: a timer that fires late (a busy process or
+// host) runs the ticks it missed, up to CatchUp of them, so a gated band's
+// rate does not depend on CPU contention.
 func (d *Dispatcher[T]) Run(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -715,16 +737,77 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 	return d.tick
 }
 
-// fire handles the timer: it runs the due tick (a timer that fired late
-// skips the grid points it missed, as a time.Ticker drops ticks) and
-// returns the wait until the next one, or false to sleep because every band
-// is empty.
+// CatchUp bounds how late a tick Run still makes up. A timer that fires
+// late (its goroutine waited for a P behind CPU-bound goroutines of the
+// process, up to a preemption slice of 10 ms each, or for a core of a busy
+// host) finds k grid points passed since the last tick it ran; Run then
+// runs the due tick plus the missed ones, at most CatchUp of them (rounded
+// up to whole ticks, at least one), back to back. So a gated band's rate,
+// Burst/(Tick·Every), is what the gate asks for however busy the process
+// is, instead of falling with the timer's lateness (a band at Every 3 on a
+// 1 ms tick released 5–13/s instead of 333/s beside one spinning goroutine
+// per P when late ticks were dropped).
+//
+// Why bounded: the missed ticks run at one instant, so what a gated band
+// releases at once grows with the catch-up, up to Burst·CatchUp/(Tick·Every)
+// (67 items at the defaults and Every 3). Each made-up tick is a full tick
+// — it reads the saturation and asks the policy again, and Pacing.Recheck
+// still closes an open band after each release — so a source that counts
+// dispatches at once (the in-flight credit) closes the gate during the
+// catch-up as it would have between punctual ticks; a scraped source does
+// not move within it, but its readings were no fresher during the stall
+// (the poller's goroutines starve with Run's). A stall longer than CatchUp
+// (a stopped process, a host that took the cores away for longer) is an
+// outage, not contention: its remaining grid points are dropped, as a
+// time.Ticker drops ticks, and not counted in Stats.Ticks, so an outage
+// does not end in a flood. With Pacing, ticks are not what open a gated
+// band (readings and completions are counted whenever they came); only the
+// Floor's ticks are made up. Step-driven hosts are unaffected.
+//
+// Why 200 ms: it is the lateness a busy host really produces. On the
+// 2-core development machine at load 25, a 1 ms timer in a process with one
+// spinning goroutine per P fired 33–56 ms apart at the median and up to
+// 242 ms apart (five runs of 3 s); at load 23–26 the sheddable band's rate
+// beside the hog (BenchmarkGatedRate) was 0.79–0.94 of nominal with a 50 ms
+// bound, 0.93–0.99 with 100 ms and 0.996–1.0 with 200 ms (0.55–0.85,
+// 0.84–1.0 and 0.99–1.0 with callers spinning on the open band). It also covers a container throttled by its
+// CPU quota, which stalls for up to one CFS period (100 ms by default).
+const CatchUp = 200 * time.Millisecond
+
+// catchUpTicks is the number of missed grid points a late timer makes up
+// at a given tick: CatchUp in whole ticks, rounded up, at least one.
+func catchUpTicks(tick time.Duration) int64 {
+	return max(1, int64((CatchUp+tick-1)/tick))
+}
+
+// fire handles the timer: it runs the due tick and, when the timer fired
+// late, the grid points it missed, up to catchUpTicks of them (see
+// CatchUp; the rest are skipped, as a time.Ticker drops ticks), and
+// returns the wait until the next one, or false to sleep because every
+// band is empty.
 func (s *schedule[T]) fire() (time.Duration, bool) {
 	d := s.d
 	tick := int64(d.tick)
 	now := d.nowNanos()
-	s.last += max(1, (now-s.last)/tick) * tick
-	d.Step()
+	k := max(1, (now-s.last)/tick) // grid points passed: 1 on time
+	s.last += k * tick
+	n := min(k, 1+catchUpTicks(d.tick))
+	for i := int64(1); ; i++ {
+		d.Step()
+		if i == n {
+			break
+		}
+		if !d.owed() {
+			// No gated band holds anything: the remaining made-up
+			// ticks could only count themselves and advance tick
+			// counts (the first one expired what was due at now),
+			// so they are credited at once rather than run, and a
+			// busy open band's fast path does not lose the tick
+			// lock to a catch-up that cannot release anything.
+			d.credit(n - i)
+			break
+		}
+	}
 	// Swap first: a direct release racing with the check keeps Run awake
 	// for one more tick rather than being missed.
 	if !d.directed.Swap(false) && d.empty() {

@@ -21,7 +21,8 @@
 // dispatcher at once, so an item on an open band does not wait for the next
 // tick. With every band empty the dispatcher
 // sleeps, and on waking credits the ticks it slept through: idle costs no
-// CPU and changes no count.
+// CPU and changes no count. A timer that fires late runs the ticks it
+// missed, up to CatchUp, so rates hold on a busy machine.
 //
 // What counts as an opportunity for a gated band is the Pacing: ticks by
 // default, or new saturation readings, completions and a time floor. An open

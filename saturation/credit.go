@@ -77,10 +77,19 @@ func quantizeThreshold(t float64) uint64 {
 
 // creditThreshold returns T for a fresh reading (see the comment above):
 // the in-flight count beyond which each request raises the pod's score by
-// 1/QueueDepthThreshold.
+// 1/QueueDepthThreshold. With Scorer.Projection or PromptTokenThreshold,
+// base is the score with those terms (kv projected, the prompt-token term
+// of the scraped waiting count) and T the count at which the queue term
+// passes it; a credited request then adds 1/Q, not its prompt tokens'
+// share (the live credit has one slope per pool), so with
+// PromptTokenThreshold the credit is a lower bound of Pool's.
 func (s Scorer) creditThreshold(r Reading) float64 {
 	s = s.withDefaults()
-	return r.Waiting + r.Running + max(0, s.QueueDepthThreshold*(r.KVUsage/s.KVUtilThreshold)-r.Waiting)
+	if s.Projection == ProjectNone && s.PromptTokenThreshold == 0 {
+		return r.Waiting + r.Running + max(0, s.QueueDepthThreshold*(r.KVUsage/s.KVUtilThreshold)-r.Waiting)
+	}
+	s.InFlightCredit = false
+	return r.Waiting + r.Running + max(0, s.QueueDepthThreshold*s.score(r)-r.Waiting)
 }
 
 // poolSnap is the part of the pool value fixed between two scrape results

@@ -55,6 +55,16 @@
 // usable. Scorer.IgnoreStale leaves such pods out of the mean instead. A
 // pool with no pods, or none counted, is 1.
 //
+// Beyond the reference formula, Scorer can anticipate what the gauges show
+// late, from what vLLM also exports (ParseMetrics reads the mean prompt and
+// output lengths of finished requests from vllm:request_prompt_tokens and
+// vllm:request_generation_tokens): Scorer.PromptTokenThreshold weighs the
+// waiting requests by their prompt tokens (flowhttp.Gateway ships it at
+// DefaultPromptTokenThreshold), Scorer.Projection scores KV usage at the
+// running requests' expected completion or steady batch, and
+// Scorer.PoolMax takes the most saturated pod instead of the mean. The
+// simulator's sweep (examples/sim/README.md) chose among them.
+//
 // In-flight credit (Scorer.InFlightCredit) closes the gap between a dispatch
 // and the next scrape: requests this host has sent to a pod beyond what the
 // pod's metrics show (waiting + running) count as waiting. The host tells the
@@ -75,10 +85,27 @@
 //
 // Run scrapes every endpoint on its own schedule, every Interval, with the
 // endpoints' phases spread over the first interval; each scrape runs under
-// its own Timeout once it holds one of MaxConcurrency slots, and each result
+// its own timeout once it holds one of MaxConcurrency slots, and each result
 // updates the pool value as it arrives. The pool is also rescored every
 // Interval, so readings age and in-flight counts are refreshed between
-// results. Poll runs one synchronous round, for tests and simulations;
+// results.
+//
+// The schedule adapts to what the machine sustains. A pool larger than it
+// can scrape every Interval is reached less often, each pod in turn; a busy
+// node slows every scrape, and the effective timeout follows: the longer of
+// Timeout and TimeoutLatencyFactor (4) times the median scrape latency, at
+// most MaxTimeoutGrowth (10) times Timeout. Staleness is judged against
+// that achieved cadence: the time the poller itself kept a pod waiting
+// (for a slot, for a Poll round to come back to it, on its failed scrapes)
+// does not age the pod's reading, so a healthy pod is never stale because
+// of the poller's backlog; a pod that fails ceil(Staleness/Interval) scrapes
+// in a row (4 by default) ages on the plain clock again and scores 1.
+// Poller.Stats reports the usable pods, the per-pod interval achieved (mean
+// and max), the median latency and the effective timeout; PodReading.Interval
+// and PodReading.Owed give them per pod. Once Run returns the pool reads 1,
+// whatever is rescored, until a Poll.
+//
+// Poll runs one synchronous round, for tests and simulations;
 // Scorer's methods are pure (time is an argument), so a simulator scores its
 // model on virtual time without a poller at all.
 //

@@ -28,9 +28,9 @@ func scale() int {
 func fullSize() bool { return os.Getenv("FLOWGATE_FULL") == "1" }
 
 // scalePods is the pool size of the scale tests: 1,000 pods at full size,
-// 300 otherwise, still well above what the descriptor bound of
-// TestPoller1000PodsPoll allows were the poller to keep a connection per
-// pod (2·DefaultMaxConcurrency+8 = 136).
+// 300 otherwise, still well above the connection bound of
+// TestPoller1000PodsPoll (DefaultMaxConcurrency = 64) were the poller to
+// keep a connection per pod.
 func scalePods(t testing.TB) int {
 	t.Helper()
 	if fullSize() {

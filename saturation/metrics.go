@@ -35,6 +35,17 @@ type MetricNames struct {
 	Waiting []string
 	Running []string
 	KVUsage []string
+	// PromptTokens and OutputTokens are the histograms of finished
+	// requests' prompt and output lengths, by base name: their _sum and
+	// _count series give Reading.PromptMean and OutputMean (for
+	// Scorer.ProjectKV). Optional: absent, empty or with a bad value, the
+	// mean reads 0 (unknown) and the scrape does not fail.
+	PromptTokens []string
+	OutputTokens []string
+	// CacheConfig names the info gauge whose labels num_gpu_blocks and
+	// block_size give Reading.KVCapacity (tokens; for ProjectSteady).
+	// Optional like the histograms: absent or unparsable, it reads 0.
+	CacheConfig []string
 }
 
 // VLLM returns the names vLLM exports (the default). kv_cache_usage_perc
@@ -44,6 +55,10 @@ func VLLM() MetricNames {
 		Waiting: []string{"vllm:num_requests_waiting"},
 		Running: []string{"vllm:num_requests_running"},
 		KVUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+
+		PromptTokens: []string{"vllm:request_prompt_tokens"},
+		OutputTokens: []string{"vllm:request_generation_tokens"},
+		CacheConfig:  []string{"vllm:cache_config_info"},
 	}
 }
 
@@ -83,6 +98,8 @@ func SGLang() MetricNames {
 //	candidate metric                         -> ErrParse
 //	Waiting or KVUsage absent (all names)    -> ErrMissingMetric
 //	Running absent                           -> Running = 0 (no error)
+//	PromptTokens or OutputTokens absent, or
+//	a bad value in their _sum or _count      -> that mean 0 (no error)
 //	a used sample NaN, ±Inf or negative      -> ErrBadValue
 //
 // Any error means the scrape failed; see PollerConfig.FailFast for what a
@@ -119,6 +136,9 @@ func ParseMetrics(body io.Reader, names MetricNames) (Reading, error) {
 	if r.Running, _, err = pick(fams, names.Running, false); err != nil {
 		return Reading{}, err
 	}
+	r.PromptMean = histogramMean(fams, names.PromptTokens)
+	r.OutputMean = histogramMean(fams, names.OutputTokens)
+	r.KVCapacity = cacheCapacity(fams, names.CacheConfig)
 	r.OK = true
 	return r, nil
 }
@@ -159,12 +179,23 @@ func (f *filter) release() {
 func (f *filter) run(body io.Reader, names MetricNames) ([]byte, error) {
 	f.br.Reset(body)
 	f.wanted, f.typ = f.wanted[:0], f.typ[:0]
-	for _, list := range [][]string{names.Waiting, names.Running, names.KVUsage} {
+	want := func(n string) {
+		if f.index(n) < 0 {
+			f.wanted = append(f.wanted, n)
+			f.typ = append(f.typ, "")
+		}
+	}
+	for _, list := range [][]string{names.Waiting, names.Running, names.KVUsage, names.CacheConfig} {
 		for _, n := range list {
-			if f.index(n) < 0 {
-				f.wanted = append(f.wanted, n)
-				f.typ = append(f.typ, "")
-			}
+			want(n)
+		}
+	}
+	// A histogram's _sum and _count lines carry no TYPE of their own, so
+	// they reach expfmt as untyped families of those names.
+	for _, list := range [][]string{names.PromptTokens, names.OutputTokens} {
+		for _, n := range list {
+			want(n + "_sum")
+			want(n + "_count")
 		}
 	}
 	for len(f.samples) < len(f.wanted) {
@@ -463,6 +494,59 @@ func pick(fams map[string]*dto.MetricFamily, candidates []string, useMax bool) (
 		return acc, true, nil
 	}
 	return 0, false, nil
+}
+
+// histogramMean returns Σ _sum / Σ _count over the series of the first
+// candidate histogram with a positive count; 0 (unknown) when none has one
+// or a value is bad: the mean only refines the score (Scorer.ProjectKV).
+func histogramMean(fams map[string]*dto.MetricFamily, candidates []string) float64 {
+	for _, name := range candidates {
+		n, ok, err := pick(fams, []string{name + "_count"}, false)
+		if err != nil || !ok || !(n > 0) {
+			continue
+		}
+		sum, ok, err := pick(fams, []string{name + "_sum"}, false)
+		if err != nil || !ok {
+			return 0
+		}
+		return sum / n
+	}
+	return 0
+}
+
+// cacheCapacity returns num_gpu_blocks × block_size from the labels of the
+// first series of the first candidate that has both as positive numbers
+// (the largest over the series: the biggest engine); 0 when none has.
+func cacheCapacity(fams map[string]*dto.MetricFamily, candidates []string) float64 {
+	for _, name := range candidates {
+		fam := fams[name]
+		if fam == nil {
+			continue
+		}
+		best := 0.0
+		for _, m := range fam.GetMetric() {
+			var blocks, size float64
+			for _, l := range m.GetLabel() {
+				v, err := strconv.ParseFloat(l.GetValue(), 64)
+				if err != nil || !(v > 0) || math.IsInf(v, 0) {
+					continue
+				}
+				switch l.GetName() {
+				case "num_gpu_blocks":
+					blocks = v
+				case "block_size":
+					size = v
+				}
+			}
+			if c := blocks * size; c > best && !math.IsInf(c, 0) {
+				best = c
+			}
+		}
+		if best > 0 {
+			return best
+		}
+	}
+	return 0
 }
 
 // validate requires a candidate name for Waiting and KVUsage.

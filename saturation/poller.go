@@ -66,7 +66,11 @@ type PollerConfig struct {
 	// the first scrapes are spread evenly over the first interval, so a
 	// large pool is scraped at a steady rate rather than in bursts; a
 	// scrape that takes longer than Interval delays only its own
-	// endpoint's next one (scrapes of one endpoint never overlap).
+	// endpoint's next one (scrapes of one endpoint never overlap). A pool
+	// larger than the machine can scrape every Interval is reached less
+	// often, each pod in turn (the scrapes wait for a slot in order);
+	// Poller.Stats and PodReading.Interval report the cadence achieved,
+	// and that backlog does not age the readings (see Poller).
 	Interval time.Duration
 	// Timeout bounds one scrape (connect, headers and body), counted from
 	// when the scrape gets one of the MaxConcurrency slots, so waiting for
@@ -74,7 +78,11 @@ type PollerConfig struct {
 	// [MinTimeout, Scorer.Staleness]: a scrape allowed to outlast the
 	// staleness would deliver a reading older than the pod's last one
 	// expired, while the pod read as failed. Default 100 ms, or
-	// Scorer.Staleness if that is shorter.
+	// Scorer.Staleness if that is shorter. It is the floor of the
+	// effective timeout: on a node so busy that healthy scrapes take
+	// longer, a scrape is cut off only after TimeoutLatencyFactor (4)
+	// times the median latency of the recent scrapes, and at the latest
+	// after MaxTimeoutGrowth (10) times Timeout (Poller.Stats reports it).
 	Timeout time.Duration
 	// MaxConcurrency bounds the scrapes in flight at once, over Run and
 	// Poll together; >= 0. Default DefaultMaxConcurrency (64).
@@ -174,6 +182,18 @@ type PodReading struct {
 	Failures int
 	// Scrapes counts all scrape attempts.
 	Scrapes int64
+	// Interval is the time between the starts of the pod's last two
+	// scrapes (zero before its second): the cadence the poller achieved
+	// for it, Interval when it keeps up, longer when it cannot.
+	Interval time.Duration
+	// Owed is how much of the reading's age, at the pod's last scoring,
+	// was the poller's own backlog rather than the pod's (see Poller:
+	// the wait since its next scrape fell due, the time spent on its
+	// failed scrapes, the rest of a Poll round, reading the body after
+	// the headers' timestamp), which its staleness does not count. It is
+	// zero once the pod has failed ceil(Staleness/Interval) scrapes in a
+	// row.
+	Owed time.Duration
 }
 
 // pod is the poller's state of one endpoint.
@@ -181,9 +201,20 @@ type pod struct {
 	PodReading
 	bad       bool      // the last scrape parsed an unusable value
 	lastStart time.Time // start of the newest scrape applied
-	cr        *credit   // live in-flight count and credit threshold
-	peers     int64     // PeerInFlight at the pod's last scoring
-	stop      context.CancelFunc
+	// lastResult is when that scrape's result was applied.
+	lastResult time.Time
+	cr         *credit // live in-flight count and credit threshold
+	peers      int64   // PeerInFlight at the pod's last scoring
+	stop       context.CancelFunc
+	// pendingSince is the start of the Poll round whose scrape of the pod
+	// is still to come (zero: none); under Run the due time follows from
+	// the schedule instead (see dueLocked).
+	pendingSince time.Time
+	// owed is the backlog already spent on the pod since its last good
+	// reading (the body read after its timestamp, then each failed
+	// scrape from when it fell due, and the rest of each Poll round),
+	// subtracted from the reading's age.
+	owed time.Duration
 }
 
 // Poller scrapes the Prometheus metrics pages of a pool of model servers and
@@ -203,6 +234,29 @@ type pod struct {
 // MaxConcurrency at once, and the pool is rescored every Interval. Or call
 // Poll for one synchronous round (tests, simulations). No goroutine outlives
 // Poll, Run or Close. The zero value is not usable; call NewPoller.
+//
+// # Staleness against the cadence achieved
+//
+// A pool can be more than the machine scrapes every Interval (a scrape of a
+// 43 KB vLLM page costs ~330 µs of CPU, client and server: 1,000 pods every
+// 50 ms would take ~7 cores; see BenchmarkPollerScrape43KB), and a busy
+// node slows every scrape. The poller then reaches each pod less often,
+// and that is its own backlog, not the pod's age: a pod is judged as of when its next scrape fell due (under Run an
+// Interval after its last one started, or at that one's result if later;
+// under Poll the round's start) for as long as the poller is behind on it,
+// and the time the poller spent on it since its last good reading (waits
+// for a slot, failed scrapes, the rest of a Poll round, reading the body
+// after the headers' timestamp) is not counted in its age either
+// (PodReading.Owed). So a healthy pod stays usable at any pool size and
+// cadence, and Stats reports the cadence (Interval, MaxInterval) and the
+// effective timeout. A pod that really fails still scores 1: a bad value at
+// once, FailFast at the first failure, and otherwise once it has failed
+// ceil(Staleness/Interval) scrapes in a row (4 by default), from which its
+// reading ages on the plain clock again. A pod answering errors at once is
+// thus at 1 about Staleness after its last good reading while the poller
+// keeps up, and after 4 of its turns when it does not; a pod that hangs,
+// after 4 timeouts (4 × 100 ms by default, up to 4 × 1 s on a node so slow
+// that the timeout has grown).
 type Poller struct {
 	cfg     PollerConfig
 	scorer  Scorer
@@ -221,7 +275,16 @@ type Poller struct {
 	// poisons the sum with Inf − Inf nor is lost.
 	sum    float64
 	n, inf int
+	usable int       // pods Usable at their last scoring
 	run    *runState // non-nil while Run runs
+	// stopped: Run has returned (or Close stopped a Start) and no Poll
+	// has run since: the pool reads 1 whatever is rescored.
+	stopped   bool
+	lastRound time.Duration // length of the last Poll round (Stats)
+	lat       latency       // the scrapes' latency, and the timeout it allows
+	// missK is how many scrapes in a row a pod may fail before its
+	// reading ages on the plain clock: ceil(Staleness / Interval).
+	missK int
 
 	onApply func(endpoint string) // test hook: after a scrape result is applied
 
@@ -286,7 +349,8 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		cfg.Now = time.Now
 	}
 	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*pod{},
-		sem: make(chan struct{}, cfg.MaxConcurrency)}
+		sem:   make(chan struct{}, cfg.MaxConcurrency),
+		missK: int(max(1, (staleness+cfg.Interval-1)/cfg.Interval))}
 	if cfg.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		// The default keeps 100 idle connections in all and 2 per host:
@@ -413,9 +477,13 @@ func (p *Poller) Readings() []PodReading {
 
 // Rescore recomputes the saturation from the readings held, with the current
 // clock, without scraping: readings age (a pod whose reading passes
-// Scorer.Staleness scores 1 from here). Run rescores every Interval and
-// every Poll ends with one; the result equals Scorer.Pool over the readings
-// with their in-flight counts. It takes the poller's lock and costs O(pods):
+// Scorer.Staleness, less what the poller owes it — see Poller — scores 1
+// from here). Run rescores every Interval and every Poll ends with one; the
+// result equals Scorer.Pool over the readings with their in-flight counts,
+// each judged at its own instant (now less PodReading.Owed). Once Run has
+// returned (or Close stopped a Start) the pool keeps reading 1, Rescore or
+// not, until a Poll reads the pods again. It takes the poller's lock and
+// costs O(pods):
 // it is not needed for the in-flight credit of Dispatched and Finished,
 // which moves the saturation at once; only the deprecated PollerConfig.InFlight
 // hook is read here (and at each scrape result) and nowhere else.
@@ -449,8 +517,19 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	if p.cfg.PeerInFlight != nil {
 		pd.peers = max(0, p.cfg.PeerInFlight(pd.Endpoint))
 	}
-	pd.Score = p.scorer.Pod(pd.Reading, now)
-	pd.Usable = p.scorer.Usable(pd.Reading, now)
+	// The poller's own backlog does not age a reading (see Poller): the
+	// pod is judged as of when its next scrape fell due, less what the
+	// poller already owes it.
+	at := now
+	if pd.Failures < p.missK {
+		if due := p.dueLocked(pd); !due.IsZero() && due.Before(at) {
+			at = due
+		}
+		at = at.Add(-pd.owed)
+	} // else the pod has missed as many scrapes as Staleness allows: its own doing
+	pd.Owed = now.Sub(at)
+	pd.Score = p.scorer.Pod(pd.Reading, at)
+	pd.Usable = p.scorer.Usable(pd.Reading, at)
 	t := uint64(creditTMask) // no credit
 	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
 		// credit = max(0, own + peers − T) = max(0, own − (T − peers)),
@@ -477,9 +556,33 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	}
 }
 
+// dueLocked returns when the poller owed pd its next scrape (zero: not
+// known, or not owed): under Run, an Interval after its last scrape started,
+// or at that scrape's result if it came later (the worker's ticker drops the
+// ticks it missed, so the next scrape is due at once); under Poll, the start
+// of the round in progress. It is derived from the schedule, not from when
+// the worker goroutine gets to run, so a starved scheduler's delay counts as
+// the poller's backlog too.
+func (p *Poller) dueLocked(pd *pod) time.Time {
+	due := pd.pendingSince
+	if p.run != nil && !pd.lastResult.IsZero() {
+		d := pd.lastStart.Add(p.cfg.Interval)
+		if d.Before(pd.lastResult) {
+			d = pd.lastResult
+		}
+		if due.IsZero() || d.Before(due) {
+			due = d
+		}
+	}
+	return due
+}
+
 // countLocked adds (sign 1) or removes (sign −1) a pod's score to or from the
 // running pool sum, as Scorer.Pool would count it.
 func (p *Poller) countLocked(pd *pod, sign int) {
+	if pd.Usable {
+		p.usable += sign
+	}
 	if !pd.Usable && p.scorer.IgnoreStale {
 		return
 	}
@@ -498,7 +601,7 @@ const bigScore = 1 << 20
 
 // resumLocked recomputes the running sum from the pods' current scores.
 func (p *Poller) resumLocked() {
-	p.sum, p.n, p.inf = 0, 0, 0
+	p.sum, p.n, p.inf, p.usable = 0, 0, 0, 0
 	for _, pd := range p.order {
 		p.countLocked(pd, 1)
 	}
@@ -507,6 +610,12 @@ func (p *Poller) resumLocked() {
 // publishLocked publishes the running pool sum (Saturation adds the live
 // credit on read).
 func (p *Poller) publishLocked() {
+	if p.stopped {
+		// Run has returned: nothing keeps the readings fresh, whatever
+		// a Rescore or SetEndpoints recomputes.
+		p.live.snap.Store(stoppedSnap)
+		return
+	}
 	p.live.snap.Store(&poolSnap{sum: p.sum, n: p.n, inf: p.inf})
 }
 
@@ -527,7 +636,23 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	}
 	before := pd.Score
 	p.countLocked(pd, -1)
-	pd.lastStart = res.start
+	if !pd.lastStart.IsZero() {
+		pd.Interval = res.start.Sub(pd.lastStart)
+	}
+	now := p.cfg.Now()
+	if due := p.dueLocked(pd); res.err != nil && !due.IsZero() {
+		// From when the scrape fell due to its failure: the wait for a
+		// slot and the time the poller gave the pod.
+		pd.owed += max(0, now.Sub(due))
+	}
+	pd.pendingSince = time.Time{}
+	if res.err == nil {
+		// The reading is stamped when its headers arrived; reading and
+		// parsing the body until now is the poller's time, not the
+		// pod's age (on a starved node it can pass the staleness).
+		pd.owed = max(0, now.Sub(res.r.At))
+	}
+	pd.lastStart, pd.lastResult = res.start, now
 	pd.Scrapes++
 	pd.LastAttempt = res.start
 	pd.Err = res.err
@@ -543,7 +668,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 			pd.OK = false
 		}
 	}
-	p.scorePodLocked(pd, p.cfg.Now())
+	p.scorePodLocked(pd, now)
 	p.countLocked(pd, 1)
 	if before > bigScore && !math.IsInf(before, 1) || pd.Score > bigScore && !math.IsInf(pd.Score, 1) {
 		// Taking a huge score out of the running sum would cancel the
@@ -566,7 +691,11 @@ func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled boo
 	var res scrapeResult
 	select {
 	case p.sem <- struct{}{}:
-		res = p.scrape(ctx, pd.Endpoint)
+		t0 := time.Now()
+		res = p.scrape(ctx, pd.Endpoint, p.lat.timeout(p.cfg.Timeout))
+		if ctx.Err() == nil {
+			p.lat.observe(time.Since(t0))
+		}
 		<-p.sem
 	case <-ctx.Done():
 		res = scrapeResult{start: p.cfg.Now(),
@@ -589,8 +718,15 @@ func (p *Poller) Poll(ctx context.Context) error {
 	p.round.Lock()
 	defer p.round.Unlock()
 
+	start := p.cfg.Now()
 	p.mu.Lock()
+	p.stopped = false // fresh readings again
 	pods := append([]*pod(nil), p.order...)
+	for _, pd := range pods {
+		if pd.pendingSince.IsZero() { // every scrape of the round is due now
+			pd.pendingSince = start
+		}
+	}
 	p.mu.Unlock()
 	errs := make([]error, len(pods))
 	var next atomic.Int64
@@ -609,14 +745,37 @@ func (p *Poller) Poll(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	p.Rescore()
+	p.mu.Lock()
+	// The rest of the round after a pod was due again (an Interval after
+	// its scrape started, or at its result if that came later) is the
+	// poller's backlog too: going round took that long. Owed, as the wait
+	// for a slot is, until the pod's next good reading.
+	end := p.cfg.Now()
+	p.lastRound = max(0, end.Sub(start))
+	for _, pd := range pods {
+		if pd.pendingSince.Equal(start) {
+			pd.pendingSince = time.Time{} // its result was overtaken by a newer one
+		}
+		if p.pods[pd.Endpoint] != pd || pd.lastResult.IsZero() {
+			continue
+		}
+		due := pd.lastStart.Add(p.cfg.Interval)
+		if due.Before(pd.lastResult) {
+			due = pd.lastResult
+		}
+		if end.After(due) {
+			pd.owed += end.Sub(due)
+		}
+	}
+	p.rescoreLocked()
+	p.mu.Unlock()
 	return errors.Join(errs...)
 }
 
 // scrape fetches and parses one endpoint.
-func (p *Poller) scrape(ctx context.Context, ep string) (res scrapeResult) {
+func (p *Poller) scrape(ctx context.Context, ep string, timeout time.Duration) (res scrapeResult) {
 	res.start = p.cfg.Now()
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	fail := func(err error) scrapeResult {
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
@@ -686,7 +845,8 @@ func (c *cappedReader) Read(b []byte) (int, error) {
 // Run scrapes every endpoint every Interval, each on its own schedule (see
 // PollerConfig.Interval), and rescores the pool every Interval, until ctx is
 // done; then it returns ctx.Err(). It fails with ErrRunning if the poller is
-// already running. When it returns, the saturation reads 1 and no goroutine
+// already running. When it returns, the saturation reads 1 (and keeps
+// reading 1 through Rescore and SetEndpoints, until a Poll) and no goroutine
 // it started is left.
 func (p *Poller) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
@@ -702,6 +862,7 @@ func (p *Poller) loop(parent context.Context) error {
 	rs := &runState{ctx: ctx}
 	p.mu.Lock()
 	p.run = rs
+	p.stopped = false
 	// Spread the first scrapes evenly over one interval: endpoints
 	// started together would stay in step, and the whole pool would hit
 	// the concurrency bound at once every interval.
@@ -724,8 +885,10 @@ func (p *Poller) loop(parent context.Context) error {
 
 	p.mu.Lock()
 	p.run = nil
+	p.stopped = true // reads 1 from here, whatever is rescored
 	for _, pd := range p.order {
 		pd.stop = nil // cancelled with ctx below
+		pd.pendingSince = time.Time{}
 	}
 	p.mu.Unlock()
 	cancel()

@@ -72,7 +72,11 @@ func TestPollerGenuineVLLM(t *testing.T) {
 	clk := newFakeClock()
 	a, _ := vllmPod(t, 2, 5, 0.4) // max(0.4, 0.5)  = 0.5
 	b, _ := vllmPod(t, 10, 5, 0)  // max(2, 0)      = 2
-	p := newTestPoller(t, PollerConfig{Endpoints: []string{a, b}, Now: clk.Now})
+	// Nothing here ages on the fake clock: a timeout (and so a staleness)
+	// far beyond a starved machine's first dial under -race (two
+	// loopback scrapes over 200 ms once at load 27).
+	p := newTestPoller(t, PollerConfig{Endpoints: []string{a, b}, Now: clk.Now,
+		Timeout: scaleTimeout, Scorer: Scorer{Staleness: 2 * scaleTimeout}})
 	assert.Equal(t, 1.0, p.Saturation(), "1 before the first poll")
 	require.NoError(t, p.Poll(context.Background()))
 	assert.InDelta(t, 1.25, p.Saturation(), 1e-12)

@@ -2,6 +2,7 @@ package saturation
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -11,6 +12,13 @@ const (
 	DefaultKVUtilThreshold     = 0.8
 	DefaultStaleness           = 200 * time.Millisecond
 )
+
+// DefaultPromptTokenThreshold is the Scorer.PromptTokenThreshold that
+// flowhttp.Gateway ships (the Scorer's zero value stays the reference
+// formula, without the term): half of vLLM's default token budget of a step
+// (max_num_batched_tokens 8192) waiting in prompts saturates a pod. Chosen by
+// the signal sweep in examples/sim/README.md.
+const DefaultPromptTokenThreshold = 4096
 
 // Reading is one pod's metrics as the scorer sees them. The Poller fills it
 // from a scrape; a simulator fills it from its model with virtual time.
@@ -34,15 +42,30 @@ type Reading struct {
 	// OK reports that the reading holds a good scrape. A pod never
 	// scraped successfully has OK false and scores as failed.
 	OK bool
+	// PromptMean and OutputMean are the mean prompt and output lengths,
+	// in tokens, of the requests the pod has finished: the _sum over the
+	// _count of vLLM's vllm:request_prompt_tokens and
+	// vllm:request_generation_tokens histograms. Used only by
+	// Scorer.Projection. Zero (no request finished yet), negative, NaN or
+	// infinite means unknown: the KV usage is then scored as it is, and
+	// the pod is not failed for it (the projection is a refinement, its
+	// absence is no reason to call a pod saturated).
+	PromptMean, OutputMean float64
+	// KVCapacity is the pod's KV cache in tokens (vLLM's
+	// vllm:cache_config_info labels num_gpu_blocks × block_size). Used
+	// only by ProjectSteady; unknown (0 or bad) as for PromptMean.
+	KVCapacity float64
 }
 
 // Scorer turns pod readings into a saturation, the reference gateway's
 // formula by default:
 //
-//	pod  = max(waiting' / QueueDepthThreshold, kv / KVUtilThreshold)
+//	pod  = max(waiting' / QueueDepthThreshold, kv' / KVUtilThreshold [, waiting'·PromptMean / PromptTokenThreshold])
 //	pool = unweighted mean of pod over the pods
 //
-// where waiting' = waiting + max(0, inflight − (waiting + running)) when
+// where kv' is kv anticipated as Projection says (kv with ProjectNone)
+// (PoolMax is the maximum instead of the mean);
+// waiting' = waiting + max(0, inflight − (waiting + running)) when
 // InFlightCredit is set (requests dispatched but not yet visible in the
 // metrics count as waiting) and waiting' = waiting otherwise.
 //
@@ -86,6 +109,100 @@ type Scorer struct {
 	IgnoreStale bool
 	// InFlightCredit adds max(0, InFlight − (Waiting + Running)) to Waiting.
 	InFlightCredit bool
+	// Projection is how a pod's KV usage is anticipated: ProjectNone
+	// (the zero value, the reference: as scraped), ProjectCompletion or
+	// ProjectSteady (see KVProjection). A long decode's blocks are
+	// allocated one token at a time, so a pod that admitted many requests
+	// reads half full and fills later; a projection makes the gate see
+	// that growth at admission. A reading without the inputs a projection
+	// needs is scored unprojected.
+	Projection KVProjection
+	// PromptTokenThreshold, if > 0, adds a third term to a pod's score:
+	// the prompt tokens waiting there, waiting' · PromptMean, over this
+	// many. A queue of five requests is a few hundred tokens of chat and
+	// several steps of code-generation prefill: what a waiting request
+	// costs the next steps (and a critical request's first token) is its
+	// prompt, which the request count does not see. 0 = off (the
+	// reference); otherwise finite and >= 1. A reading without
+	// PromptMean has no such term.
+	PromptTokenThreshold float64
+}
+
+// KVProjection is how Scorer anticipates a pod's KV usage kv from its
+// running count R, its mean prompt and output lengths p and o of finished
+// requests and its capacity C in tokens (Reading).
+type KVProjection uint8
+
+// Projections of Scorer.Projection.
+const (
+	// ProjectNone scores kv as scraped (the reference).
+	ProjectNone KVProjection = iota
+	// ProjectCompletion scores what the running requests will hold at
+	// their expected completion: kv · KVGrowth(p, o).
+	ProjectCompletion
+	// ProjectSteady scores at least what R running requests hold once
+	// their progress is spread as in a steady batch:
+	// max(kv, R·(p + o/2)/C). A batch just admitted (every request at the
+	// start of its output) reads below it and is scored at it; a steady
+	// batch reads at it and is scored as scraped.
+	ProjectSteady
+)
+
+// String returns "none", "completion" or "steady" (or "KVProjection(N)").
+func (p KVProjection) String() string {
+	switch p {
+	case ProjectNone:
+		return "none"
+	case ProjectCompletion:
+		return "completion"
+	case ProjectSteady:
+		return "steady"
+	}
+	return fmt.Sprintf("KVProjection(%d)", uint8(p))
+}
+
+// SteadyKV returns R·(p + o/2)/c, the KV fraction R running requests hold in
+// a steady batch (each on average half through an output of mean o, by
+// Little's law), or 0 when an input is unknown (not finite, negative, or o
+// or c not positive).
+func SteadyKV(running, p, o, c float64) float64 {
+	if !(running >= 0) || !(p >= 0) || !(o > 0) || !(c > 0) ||
+		running > maxFinite || p > maxFinite || o > maxFinite || c > maxFinite {
+		return 0
+	}
+	// Scale before multiplying so that huge finite inputs do not make
+	// Inf·0 or Inf/Inf: each factor is finite.
+	v := running / c * (p + o/2)
+	if math.IsNaN(v) {
+		return 0
+	}
+	return v
+}
+
+// KVGrowth returns the factor by which the KV cache held by a pod's running
+// requests grows by the time they complete, estimated from the mean prompt
+// and output lengths p and o of the requests it finished:
+//
+//	growth = (p + o) / (p + o/2)
+//
+// By Little's law on a steady batch, a running request is on average half
+// way through its output, so it holds p + o/2 tokens now and will hold
+// p + o at completion. The factor is in [1, 2]: 1 for prompt-only work, 2
+// for pure generation. It ignores the spread of the lengths (longer
+// requests are over-represented in a batch, which raises both terms) and
+// requests still in prefill. An unknown mean (see Reading.PromptMean)
+// gives 1.
+func KVGrowth(p, o float64) float64 {
+	if !(p >= 0) || !(o > 0) || p > maxFinite || o > maxFinite {
+		return 1
+	}
+	// Divide both terms by o first so that huge finite lengths do not
+	// overflow: (p/o + 1) / (p/o + 1/2).
+	r := p / o
+	if r > maxFinite/2 {
+		return 1 // o negligible against p: nothing grows
+	}
+	return (r + 1) / (r + 0.5)
 }
 
 // Bounds of Scorer.Staleness (and of the poller's Interval and Timeout; see
@@ -116,6 +233,14 @@ func (s Scorer) Validate() error {
 		return fmt.Errorf("%w: Scorer.Staleness must be in [%v, %v] (0 = default %v), got %v",
 			ErrInvalidConfig, MinStaleness, MaxStaleness, DefaultStaleness, s.Staleness)
 	}
+	if s.PromptTokenThreshold != 0 && !(s.PromptTokenThreshold >= 1 && s.PromptTokenThreshold <= maxFinite) {
+		return fmt.Errorf("%w: Scorer.PromptTokenThreshold must be 0 (off) or finite and >= 1, got %v",
+			ErrInvalidConfig, s.PromptTokenThreshold)
+	}
+	if s.Projection > ProjectSteady {
+		return fmt.Errorf("%w: Scorer.Projection must be ProjectNone, ProjectCompletion or ProjectSteady, got %v",
+			ErrInvalidConfig, s.Projection)
+	}
 	return nil
 }
 
@@ -132,6 +257,12 @@ func (s Scorer) withDefaults() Scorer {
 	}
 	if s.Staleness < MinStaleness || s.Staleness > MaxStaleness {
 		s.Staleness = DefaultStaleness
+	}
+	if !(s.PromptTokenThreshold >= 1 && s.PromptTokenThreshold <= maxFinite) {
+		s.PromptTokenThreshold = 0
+	}
+	if s.Projection > ProjectSteady {
+		s.Projection = ProjectNone
 	}
 	return s
 }
@@ -156,25 +287,43 @@ func (s Scorer) Usable(r Reading, now time.Time) bool {
 // Pool returns the unweighted mean of Pod over rs at time now; 1 when rs is
 // empty, or when IgnoreStale is set and no pod is usable.
 func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
+	mean, _ := s.pool(rs, now)
+	return mean
+}
+
+// PoolMax returns the largest Pod over rs at time now, with Pool's rules for
+// failed pods and empty pools: the most saturated pod, which an idle pod
+// cannot average away. The Poller scores the mean (Pool); PoolMax is for a
+// host (or a simulator) that scores readings itself.
+func (s Scorer) PoolMax(rs []Reading, now time.Time) float64 {
+	_, hi := s.pool(rs, now)
+	return hi
+}
+
+// pool returns the mean and the maximum of Pod over rs (both 1 with no pod
+// counted).
+func (s Scorer) pool(rs []Reading, now time.Time) (mean, hi float64) {
 	s = s.withDefaults()
 	sum, n := 0.0, 0
 	for i := range rs {
 		r := &rs[i]
+		v := 1.0
 		if !s.fresh(*r, now) {
 			if s.IgnoreStale {
 				continue
 			}
-			sum++
 		} else {
-			sum += s.score(*r)
+			v = s.score(*r)
 		}
+		sum += v
+		hi = max(hi, v)
 		n++
 	}
 	if n == 0 {
-		return 1
+		return 1, 1
 	}
 	// Every term is >= 0 (at worst +Inf): the mean is never NaN.
-	return sum / float64(n)
+	return sum / float64(n), hi
 }
 
 // fresh: a good scrape, no older than Staleness, with finite, non-negative
@@ -203,9 +352,23 @@ func (s Scorer) score(r Reading) float64 {
 		}
 	}
 	q := waiting / s.QueueDepthThreshold
-	kv := r.KVUsage / s.KVUtilThreshold
+	usage := r.KVUsage
+	switch s.Projection {
+	case ProjectCompletion:
+		usage *= KVGrowth(r.PromptMean, r.OutputMean) // <= 2·KVUsage: +Inf only if KVUsage is huge
+	case ProjectSteady:
+		usage = max(usage, SteadyKV(r.Running, r.PromptMean, r.OutputMean, r.KVCapacity))
+	}
+	kv := usage / s.KVUtilThreshold
 	if kv > q {
 		q = kv
+	}
+	if s.PromptTokenThreshold > 0 && r.PromptMean > 0 && r.PromptMean <= maxFinite {
+		// waiting/threshold first: a huge waiting count overflows to
+		// +Inf, never to NaN (PromptMean > 0).
+		if t := waiting / s.PromptTokenThreshold * r.PromptMean; t > q {
+			q = t
+		}
 	}
 	return q // >= 0, never NaN: inputs are finite and >= 0, thresholds > 0
 }

@@ -64,7 +64,7 @@ func runFit(o options, w, stderr io.Writer) error {
 		seen[k] = true
 		for _, pol := range []string{cluster.LLMDStatic, cluster.LLMDSoftReflective} {
 			for s := range o.seeds {
-				js = append(js, job{o.config(p.w, p.qps, pol, o.seed+uint64(s))})
+				js = append(js, job{cfg: o.config(p.w, p.qps, pol, o.seed+uint64(s))})
 			}
 		}
 	}

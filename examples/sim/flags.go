@@ -15,6 +15,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/saturation"
 )
 
 // options are the parsed command line.
@@ -28,6 +29,10 @@ type options struct {
 	seeds       int
 	timeout     time.Duration
 	backendPrio bool
+	bpRows      []string // policies also run with backend priority, as rows "<policy>+bp"
+	projection  saturation.KVProjection
+	promptTok   float64
+	maxReplicas bool // -aggregate max
 	llmdTTL     time.Duration
 	holdback    flowcontrol.HoldbackConfig
 	format      string
@@ -82,7 +87,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "first random seed (same seeds, same output)")
 	fs.IntVar(&o.seeds, "seeds", 5, "seeds per point: seed, seed+1, …, seed+seeds−1 (tables show median and min–max)")
 	fs.DurationVar(&o.timeout, "client-timeout", DefaultClientTimeout, "clients give up after this long; the request is aborted wherever it is (0 = never)")
-	fs.BoolVar(&o.backendPrio, "backend-priority", false, "replicas schedule by priority (vLLM --scheduling-policy priority)")
+	fs.BoolVar(&o.backendPrio, "backend-priority", false, "replicas schedule by priority (vLLM --scheduling-policy priority) in every row")
+	bpRows := fs.String("backend-priority-rows", strings.Join(defaultBPRows, ","),
+		"comma-separated policies also run with backend priority, as rows named <policy>+bp ('' = none; ignored with -backend-priority)")
+	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
+	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
+	aggregate := fs.String("aggregate", DefaultAggregate, "flowgate's saturation: combine replicas by mean (saturation.Scorer.Pool) or max (Scorer.PoolMax)")
 	fs.DurationVar(&o.llmdTTL, "llmd-ttl", 0, "llm-d parity: request TTL enforced by the 1 s sweep (0 = none)")
 	hb := cluster.DefaultHoldback()
 	fs.Float64Var(&o.holdback.MinCeiling, "holdback-min", hb.MinCeiling, "priority-holdback policies: minCeiling, the sheddable band's ceiling, in [0, 1)")
@@ -166,6 +176,33 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if err := o.holdback.Validate(); err != nil {
 		return o, fmt.Errorf("-holdback-min, -holdback-max: %w", err)
 	}
+	switch *projection {
+	case "none":
+		o.projection = saturation.ProjectNone
+	case "completion":
+		o.projection = saturation.ProjectCompletion
+	case "steady":
+		o.projection = saturation.ProjectSteady
+	default:
+		return o, fmt.Errorf("-kv-projection: %q must be none, completion or steady", *projection)
+	}
+	switch *aggregate {
+	case "mean":
+	case "max":
+		o.maxReplicas = true
+	default:
+		return o, fmt.Errorf("-aggregate: %q must be mean or max", *aggregate)
+	}
+	if !o.backendPrio && *bpRows != "" {
+		for _, f := range strings.Split(*bpRows, ",") {
+			switch f = strings.TrimSpace(f); f {
+			case cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective:
+				o.bpRows = append(o.bpRows, f)
+			default:
+				return o, fmt.Errorf("-backend-priority-rows: %q must be none, llmd-static, llmd-soft-reflective, static or soft-reflective", f)
+			}
+		}
+	}
 	p, err := parsePacing(*pacing)
 	if err != nil {
 		return o, err
@@ -231,6 +268,23 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// defaultBPRows are the policies the default run also runs with backend priority:
+// no gateway gate and flowgate's shipped policy, each beside its row without.
+var defaultBPRows = []string{cluster.None, cluster.SoftReflective}
+
+// BPSuffix marks a row run with backend priority (-backend-priority-rows).
+const BPSuffix = "+bp"
+
+// DefaultProjection and DefaultAggregate are the simulator's flowgate saturation
+// wiring, chosen by the signal sweep (README.md next to this file).
+const (
+	DefaultProjection = saturation.ProjectNone
+	DefaultAggregate  = "mean"
+	// DefaultPromptTokens is saturation.Scorer.PromptTokenThreshold (0 = off): what
+	// flowhttp.Gateway ships.
+	DefaultPromptTokens = saturation.DefaultPromptTokenThreshold
+)
+
 // defaultPolicies are the policies of the default run (the floor is added by -floor).
 var defaultPolicies = []string{cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective}
 
@@ -246,7 +300,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
 		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Routing: o.routing, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
-		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 		Holdback: o.holdback,
 	}

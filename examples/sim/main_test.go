@@ -42,9 +42,9 @@ func TestJSONKeys(t *testing.T) {
 	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2",
 		"-seeds", "2", "-policy", "none,llmd-static,llmd-soft-reflective,static,soft-reflective")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	pols := []string{"floor", "none", "llmd-static", "llmd-soft-reflective", "static", "soft-reflective"}
+	pols := []string{"floor", "none", "llmd-static", "llmd-soft-reflective", "static", "soft-reflective", "none+bp", "soft-reflective+bp"}
 	require.Len(t, lines, 2*len(pols), "one object per (workload, qps, policy, seed): JSON Lines")
-	want := []string{"workload", "qps", "policy", "seed", "requests", "completed", "rejected",
+	want := []string{"workload", "qps", "policy", "seed", "backend_priority", "requests", "completed", "rejected",
 		"critical_ttft_p50_ms", "critical_ttft_p99_ms", "critical_e2e_p99_ms", "sheddable_ttft_p99_ms",
 		"sheddable_e2e_p99_ms", "throughput_rps", "total_throughput_rps", "goodput_rps", "critical_timeouts",
 		"sheddable_timeouts", "share_dead_zone", "share_proportional", "share_hard_block"}
@@ -56,6 +56,7 @@ func TestJSONKeys(t *testing.T) {
 			require.Contains(t, m, k)
 		}
 		require.Equal(t, pols[i/2], m["policy"])
+		require.Equal(t, strings.HasSuffix(pols[i/2], "+bp"), m["backend_priority"])
 		require.EqualValues(t, 1+i%2, m["seed"])
 		require.Equal(t, m["requests"], m["completed"])
 		require.EqualValues(t, 0, m["rejected"])
@@ -102,7 +103,7 @@ func TestSameSeedSameBytesGateways4(t *testing.T) {
 	a := runArgs(t, args...)
 	b := runArgs(t, append(args, "-parallel", "1")...)
 	require.Equal(t, a, b)
-	require.Equal(t, 2*5, strings.Count(a, "\n"), "floor + 4 policies, 2 seeds")
+	require.Equal(t, 2*7, strings.Count(a, "\n"), "floor + 4 policies + 2 backend-priority rows, 2 seeds")
 }
 
 // TestFitRuns: -fit prints one row per published figure, each with the hardware value,
@@ -118,4 +119,29 @@ func TestFitRuns(t *testing.T) {
 	}
 	require.Equal(t, len(publishedPoints), rows, out)
 	require.Regexp(t, `\nloss [0-9.]+\n`, out)
+}
+
+// TestTableStepBoundAndBackendPriorityRows: the default table has the step-time
+// bound beside the floor and the backend-priority rows beside the rows without;
+// an empty -backend-priority-rows drops them, and -backend-priority runs every row with it
+// (no +bp rows). A bound is printed for an overloaded point (a finite figure, not –).
+func TestTableStepBoundAndBackendPriorityRows(t *testing.T) {
+	out := runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none,soft-reflective")
+	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none | soft-reflective | none+bp | soft-reflective+bp |")
+	row := ""
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "| chat | 80 |") {
+			row = l
+			break
+		}
+	}
+	cells := strings.Split(row, "|")
+	require.Greater(t, len(cells), 4, out)
+	require.Regexp(t, `^ [0-9]+ ms $`, cells[4], "the bound of chat@80: %q", row)
+	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-backend-priority-rows", "")
+	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none |\n")
+	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-backend-priority", "-format", "json")
+	require.NotContains(t, out, "+bp")
+	require.Contains(t, out, `"backend_priority":true`)
+	require.NotContains(t, out, `"backend_priority":false`)
 }

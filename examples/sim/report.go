@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +16,8 @@ import (
 
 // job is one experiment in output order.
 type job struct {
-	cfg cluster.Config
+	cfg   cluster.Config
+	label string // the row's name when it is not cfg.Policy ("<policy>+bp")
 }
 
 // policiesRun is the policies of the run in output order, the floor first.
@@ -24,7 +26,11 @@ func (o options) policiesRun() []string {
 	if o.floor {
 		ps = append(ps, cluster.Floor)
 	}
-	return append(ps, o.policies...)
+	ps = append(ps, o.policies...)
+	for _, p := range o.bpRows {
+		ps = append(ps, p+BPSuffix)
+	}
+	return ps
 }
 
 // jobs lists the experiments in output order: workload, QPS, policy, seed.
@@ -37,8 +43,13 @@ func (o options) jobs() []job {
 		}
 		for _, q := range qs {
 			for _, p := range o.policiesRun() {
+				pol, bp := strings.CutSuffix(p, BPSuffix)
 				for k := range o.seeds {
-					js = append(js, job{o.config(w, q, p, o.seed+uint64(k))})
+					j := job{cfg: o.config(w, q, pol, o.seed+uint64(k))}
+					if bp {
+						j.cfg.BackendPriority, j.label = true, p
+					}
+					js = append(js, j)
 				}
 			}
 		}
@@ -68,6 +79,9 @@ func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Re
 			for i := range next {
 				t0 := time.Now()
 				res[i], errs[i] = cluster.Run(js[i].cfg)
+				if js[i].label != "" {
+					res[i].Policy = js[i].label
+				}
 				if !quiet {
 					mu.Lock()
 					done++
@@ -106,6 +120,7 @@ type jsonRecord struct {
 	QPS               float64 `json:"qps"`
 	Policy            string  `json:"policy"`
 	Seed              uint64  `json:"seed"`
+	BackendPriority   bool    `json:"backend_priority"`
 	Requests          int     `json:"requests"`
 	Completed         int     `json:"completed"`
 	Rejected          int     `json:"rejected"`
@@ -133,7 +148,7 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 	enc := json.NewEncoder(w)
 	for _, r := range rs {
 		rec := jsonRecord{
-			Workload: r.Workload, QPS: r.QPS, Policy: r.Policy, Seed: r.Seed,
+			Workload: r.Workload, QPS: r.QPS, Policy: r.Policy, Seed: r.Seed, BackendPriority: r.BackendPriority,
 			Requests:          r.Critical.Requests + r.Sheddable.Requests,
 			Completed:         r.Critical.Completed + r.Sheddable.Completed,
 			Rejected:          r.Critical.Rejected + r.Sheddable.Rejected,
@@ -296,10 +311,17 @@ func writeTable(w io.Writer, o options, rs []cluster.Result) error {
 			cmps = append(cmps, c)
 		}
 	}
-	pf("Critical TTFT p99, median (min–max) over %d seed(s); change = (treatment − baseline)/baseline of the medians, negative is better.\n\n", o.seeds)
-	pf("| workload | QPS |")
+	bound := slices.Contains(pols, cluster.Floor) && slices.Contains(pols, cluster.None)
+	pf("Critical TTFT p99, median (min–max) over %d seed(s); change = (treatment − baseline)/baseline of the medians, negative is better.", o.seeds)
+	if bound {
+		pf(" Step-time bound: 2 steps at the batch that keeps %.0f %% of none's throughput, from the step lengths measured in the floor and none runs (the p99 no gateway can beat at that throughput; – where none does not need larger steps).", BoundThroughput*100)
+	}
+	pf("\n\n| workload | QPS |")
 	for _, p := range pols {
 		pf(" %s |", p)
+		if p == cluster.Floor && bound {
+			pf(" step-time bound |")
+		}
 	}
 	for _, c := range cmps {
 		pf(" %s vs %s |", c[0], c[1])
@@ -308,11 +330,21 @@ func writeTable(w io.Writer, o options, rs []cluster.Result) error {
 	for range len(pols) + len(cmps) {
 		pf(" ---: |")
 	}
+	if bound {
+		pf(" ---: |")
+	}
 	pf("\n")
 	for _, pt := range ps {
 		pf("| %s | %g |", pt.workload, pt.qps)
 		for _, p := range pols {
 			pf(" %s |", fmtStat(statFor(pt.by[p], ttft.get), ttft.fmt, o.seeds))
+			if p == cluster.Floor && bound {
+				if bs, ok := stepBounds(pt); ok {
+					pf(" %s |", fmtStat(statOf(bs), fmtMs, len(bs)))
+				} else {
+					pf(" – |")
+				}
+			}
 		}
 		for _, c := range cmps {
 			pf(" %s |", fmtChange(statFor(pt.by[c[1]], ttft.get).med, statFor(pt.by[c[0]], ttft.get).med))

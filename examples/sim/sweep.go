@@ -104,7 +104,7 @@ func runSweep(o options, w, stderr io.Writer) error {
 			for _, pol := range []string{cluster.Static, cluster.SoftReflective} {
 				oc := o
 				oc.tick, oc.burst, oc.credit = c.tick, c.burst, c.credit
-				js = append(js, job{oc.config(p.w, p.qps, pol, o.seed)})
+				js = append(js, job{cfg: oc.config(p.w, p.qps, pol, o.seed)})
 			}
 		}
 	}

@@ -84,6 +84,15 @@ type GatewayConfig struct {
 	// reading dips, and every request released between two scrapes is
 	// invisible to the gate (see the package documentation).
 	NoCredit bool
+	// NoPromptTokens leaves the poller's Scorer.PromptTokenThreshold at 0
+	// (off) when it is 0; otherwise a zero threshold takes
+	// saturation.DefaultPromptTokenThreshold: a pod's waiting prompt
+	// tokens (its waiting count times the mean prompt length of vLLM's
+	// vllm:request_prompt_tokens histogram) saturate it at 4096, so a
+	// queue of long prompts, several steps of prefill ahead of any new
+	// critical request, gates sheddable work where five short ones would
+	// not. Engines without that histogram (SGLang) have no such term.
+	NoPromptTokens bool
 	// HTTP configures the gate (classification, body bounds, OnFinish).
 	HTTP Options
 	// Metrics configures the collector Collector returns; BandNames is
@@ -154,6 +163,9 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	pc := cfg.Poller
 	pc.Endpoints = urls
 	pc.Scorer.InFlightCredit = !cfg.NoCredit
+	if !cfg.NoPromptTokens && pc.Scorer.PromptTokenThreshold == 0 {
+		pc.Scorer.PromptTokenThreshold = saturation.DefaultPromptTokenThreshold
+	}
 	poller, err := saturation.NewPoller(pc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Poller: %w", ErrInvalidConfig, err)

@@ -17,6 +17,9 @@ type gatewayCollector struct {
 	kv       *prometheus.Desc
 	inflight *prometheus.Desc
 	usable   *prometheus.Desc
+	interval *prometheus.Desc // per endpoint
+	pace     *prometheus.Desc // the pool's mean
+	timeout  *prometheus.Desc
 }
 
 func newGatewayCollector(g *Gateway, o flowmetrics.Options) *gatewayCollector {
@@ -42,12 +45,19 @@ func newGatewayCollector(g *Gateway, o flowmetrics.Options) *gatewayCollector {
 			"Requests this gateway forwarded to the endpoint and not finished.", ep, o.ConstLabels),
 		usable: prometheus.NewDesc(name("endpoints_usable"),
 			"Endpoints whose last reading the poller could use (fresh and valid).", nil, o.ConstLabels),
+		interval: prometheus.NewDesc(name("endpoint_scrape_interval_seconds"),
+			"Time between the starts of the endpoint's last two scrapes: the cadence the poller achieved for it.", ep, o.ConstLabels),
+		pace: prometheus.NewDesc(name("poller_scrape_interval_seconds"),
+			"Mean over the endpoints of the time between the starts of their last two scrapes (the poller's Interval when it keeps up, longer when it cannot).", nil, o.ConstLabels),
+		timeout: prometheus.NewDesc(name("poller_scrape_timeout_seconds"),
+			"The poller's effective scrape timeout: its Timeout, or a multiple of the median scrape latency when that is longer.", nil, o.ConstLabels),
 	}
 }
 
 func (c *gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.g.col.Describe(ch)
-	for _, d := range []*prometheus.Desc{c.memory, c.gap, c.score, c.waiting, c.kv, c.inflight, c.usable} {
+	for _, d := range []*prometheus.Desc{c.memory, c.gap, c.score, c.waiting, c.kv, c.inflight, c.usable,
+		c.interval, c.pace, c.timeout} {
 		ch <- d
 	}
 }
@@ -74,6 +84,10 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, r.Waiting, base)
 		ch <- prometheus.MustNewConstMetric(c.kv, prometheus.GaugeValue, r.KVUsage, base)
 		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(c.g.poller.InFlight(r.Endpoint)), base)
+		ch <- prometheus.MustNewConstMetric(c.interval, prometheus.GaugeValue, r.Interval.Seconds(), base)
 	}
 	ch <- prometheus.MustNewConstMetric(c.usable, prometheus.GaugeValue, float64(usable))
+	st := c.g.poller.Stats()
+	ch <- prometheus.MustNewConstMetric(c.pace, prometheus.GaugeValue, st.Interval.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.timeout, prometheus.GaugeValue, st.Timeout.Seconds())
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/saturation"
 )
 
 // ErrInvalidConfig is wrapped by every error Run returns for a bad Config.
@@ -143,10 +144,20 @@ type Config struct {
 	// thresholds (0 = the reference 5 and 0.8, which the llm-d baselines and the
 	// admitter always use).
 	QueueThreshold, KVThreshold float64
-	Scrape                      time.Duration // metrics scrape interval (0 = 50 ms)
-	CV                          float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
-	Capacity                    int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
-	Replica                     vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
+	// Projection is the flowgate gateways' saturation.Scorer.Projection: how KV
+	// usage is anticipated (from each replica's running count, mean prompt and
+	// output lengths of finished requests and KV capacity, what vLLM exports).
+	// MaxOverReplicas scores the pool by its most saturated replica
+	// (saturation.Scorer.PoolMax) instead of the mean.
+	Projection saturation.KVProjection
+	// PromptTokens is the flowgate gateways' saturation.Scorer.PromptTokenThreshold
+	// (0 = off).
+	PromptTokens    float64
+	MaxOverReplicas bool
+	Scrape          time.Duration // metrics scrape interval (0 = 50 ms)
+	CV              float64       // token-length coefficient of variation (<0 = workload.DefaultCV)
+	Capacity        int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
+	Replica         vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
 	// (0 = 4096); see "Skipping ticks" in examples/sim/README.md.
 	CatchUp int
@@ -233,6 +244,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: QueueThreshold %v must be finite and >= 0 (0 = 5)", ErrInvalidConfig, c.QueueThreshold)
 	case !(c.KVThreshold >= 0 && c.KVThreshold <= 1):
 		return fmt.Errorf("%w: KVThreshold %v must be in [0, 1] (0 = 0.8)", ErrInvalidConfig, c.KVThreshold)
+	case c.Projection > saturation.ProjectSteady:
+		return fmt.Errorf("%w: Projection %v must be none, completion or steady", ErrInvalidConfig, c.Projection)
 	case c.SharedInFlight < 0:
 		return fmt.Errorf("%w: SharedInFlight %v must be >= 0", ErrInvalidConfig, c.SharedInFlight)
 	case !knownPolicy(c.Policy):

@@ -55,6 +55,10 @@ type Result struct {
 	// TotalThroughput is completions of both classes inside the arrival window per
 	// second; TotalGoodput is completions of both classes per second of the window.
 	TotalThroughput, TotalGoodput float64
+	// BackendPriority is Config.BackendPriority (a row of its own in the tables).
+	BackendPriority bool
+	// Steps of the arrival window, for the step-time bound (see StepBound).
+	StepStats StepStats
 }
 
 // Percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted xs, 0 if empty.
@@ -71,7 +75,7 @@ func (s *sim) result() Result {
 		s.account(g, s.winTicks)
 	}
 	res := Result{Workload: s.cfg.Workload.Name, QPS: s.cfg.QPS, Policy: s.cfg.Policy, Seed: s.cfg.Seed,
-		Preemptions: s.preempts, Steps: s.steps}
+		Preemptions: s.preempts, Steps: s.steps, BackendPriority: s.cfg.BackendPriority, StepStats: s.signal.stats(s)}
 	var ttft, e2e [2][]float64
 	var cls [2]*Class = [2]*Class{&res.Critical, &res.Sheddable}
 	for i := range s.reqs {

@@ -153,6 +153,9 @@ type sim struct {
 	// dispatched in the middle half of the arrival window (Config.LongShort).
 	tokens [2]float64
 	err    error
+	// signal holds what the anticipating saturation signal and the step-time
+	// bound read (signal.go).
+	signal signalState
 	// llmdCeilings are LLMDPriorityHoldback's fixed ceilings, for regime.
 	llmdCeilings []float64
 }
@@ -196,6 +199,9 @@ func (src source) Saturation() float64 {
 		return g.satCache
 	}
 	v := s.scorer.Pool(g.readings, s.nowTime())
+	if s.cfg.MaxOverReplicas && s.cfg.flowgate() {
+		v = s.scorer.PoolMax(g.readings, s.nowTime())
+	}
 	g.satCache, g.satVer, g.satOK = v, g.readVer, true
 	stale := s.scorer.Staleness
 	if stale < saturation.MinStaleness || stale > saturation.MaxStaleness {
@@ -227,11 +233,17 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:    cfg,
 		base:   time.Unix(0, 0).UTC(),
-		scorer: saturation.Scorer{InFlightCredit: cfg.Credit, QueueDepthThreshold: cfg.QueueThreshold, KVUtilThreshold: cfg.KVThreshold},
+		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
 	s.winTicks = (s.window + s.tick - 1) / s.tick
+	if cfg.flowgate() {
+		// The saturation options are flowgate's; the llm-d baselines keep the
+		// reference score (their detector's formula).
+		s.scorer.QueueDepthThreshold, s.scorer.KVUtilThreshold = cfg.QueueThreshold, cfg.KVThreshold
+		s.scorer.Projection, s.scorer.PromptTokenThreshold = cfg.Projection, cfg.PromptTokens
+	}
 	if cfg.Policy == Static {
 		s.policy = flowcontrol.NewStatic(flowcontrol.DefaultStaticThreshold)
 	} else if cfg.Policy == SoftReflective {
@@ -272,6 +284,7 @@ func run(cfg Config) (*sim, error) {
 		s.medianCost = m
 	}
 	s.total = make([]int64, cfg.Replicas)
+	s.signal.init(cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
 	for g := range cfg.Gateways {
 		gen, err := workload.NewGenerator(cfg.Workload, cfg.QPS/float64(cfg.Gateways), cfg.CV, cfg.Seed, uint64(g))
@@ -766,6 +779,8 @@ func (s *sim) scrape(g *gateway, gi int32) {
 		m := rep.Metrics()
 		g.readings[r] = saturation.Reading{Waiting: float64(m.Waiting), Running: float64(m.Running),
 			KVUsage: m.KVCacheUsage, InFlight: s.seen(g, r), At: at, OK: true}
+		g.readings[r].PromptMean, g.readings[r].OutputMean = s.signal.means(r)
+		g.readings[r].KVCapacity = float64(s.cfg.Replica.TotalBlocks * s.cfg.Replica.BlockSize)
 	}
 	g.readVer++
 	g.scrapes++
@@ -916,6 +931,9 @@ func (s *sim) begin(r int) {
 	}
 	s.evbuf = evs
 	if ok {
+		if s.now < s.window {
+			s.signal.steps.add(s.replicas[r].LastBatch().Requests, d.Seconds())
+		}
 		s.busy[r] = true
 		s.push(s.now+int64(d), evStepEnd, int32(r))
 	}
@@ -934,6 +952,7 @@ func (s *sim) stepEnd(r int) {
 		case vllm.Finished:
 			q.done = s.now
 			s.pending--
+			s.signal.finished(r, q.vr)
 			g := s.gws[q.gw]
 			s.catchUp(g)
 			s.moveInflight(q.gw, r, -1)

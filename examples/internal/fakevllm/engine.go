@@ -50,6 +50,9 @@ type engine struct {
 	streams map[uint64]*stream
 	nextID  uint64
 	metrics vllm.Metrics // as of the last finished step (vLLM's exporter lag)
+	// onFinish, if set (under mu), observes each finished request's prompt
+	// and generated lengths, as vLLM's length histograms do.
+	onFinish func(input, generated int)
 
 	wake   chan struct{} // 1-buffered: work was added to an idle engine
 	closed chan struct{}
@@ -185,6 +188,9 @@ func (e *engine) loop() {
 				s.finished.Store(true)
 				s.wake()
 				e.completed.Add(1)
+				if e.onFinish != nil {
+					e.onFinish(ev.Req.Input, ev.Req.Generated())
+				}
 			}
 		}
 		e.mu.Unlock()

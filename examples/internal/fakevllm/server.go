@@ -62,7 +62,10 @@ const (
 //	POST /v1/completions       OpenAI completions, "stream": true for SSE
 //	POST /v1/chat/completions  OpenAI chat completions, "stream": true for SSE
 //	GET  /metrics              Prometheus text: vllm:num_requests_waiting,
-//	                           vllm:num_requests_running, vllm:kv_cache_usage_perc
+//	                           vllm:num_requests_running, vllm:kv_cache_usage_perc,
+//	                           vllm:request_prompt_tokens and
+//	                           vllm:request_generation_tokens (histograms of
+//	                           finished requests), vllm:cache_config_info
 //
 // The top-level integer field "priority" (vLLM's, default 0, lower is more
 // urgent) is the request's priority in the model; see Config.SchedulingPolicy.
@@ -125,7 +128,25 @@ func New(cfg Config) (*Server, error) {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
 			func() float64 { return f(eng.snapshot()) })
 	}
-	s.reg.MustRegister(
+	// vLLM's length histograms of finished requests (what a gateway's
+	// prompt-token term and KV projections read) and its cache config.
+	lengths := []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000}
+	promptH := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:request_prompt_tokens",
+		Help: "Number of prefill tokens processed.", ConstLabels: labels, Buckets: lengths})
+	genH := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vllm:request_generation_tokens",
+		Help: "Number of generation tokens processed.", ConstLabels: labels, Buckets: lengths})
+	eng.mu.Lock()
+	eng.onFinish = func(input, generated int) {
+		promptH.Observe(float64(input))
+		genH.Observe(float64(generated))
+	}
+	rc := eng.rep.Config()
+	eng.mu.Unlock()
+	cacheInfo := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+		ConstLabels: prometheus.Labels{"model_name": cfg.Model, "block_size": strconv.Itoa(rc.BlockSize),
+			"num_gpu_blocks": strconv.Itoa(rc.TotalBlocks)}})
+	cacheInfo.Set(1)
+	s.reg.MustRegister(promptH, genH, cacheInfo,
 		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed (includes preempted).",
 			func(m vllm.Metrics) float64 { return float64(m.Waiting) }),
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.",

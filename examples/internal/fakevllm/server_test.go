@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -232,4 +233,26 @@ func TestConfigValidation(t *testing.T) {
 	s, err := fakevllm.New(fakevllm.Config{Replica: prio, SchedulingPolicy: fakevllm.PolicyPriority})
 	require.NoError(t, err)
 	s.Close()
+}
+
+// TestMetricsExportLengthsAndCache: a finished request is observed into
+// vLLM's length histograms, which the saturation parser turns into the
+// means its prompt-token term reads, and the cache config gives the KV
+// capacity in tokens.
+func TestMetricsExportLengthsAndCache(t *testing.T) {
+	s, h := start(t, fakevllm.Config{SpeedUp: 50})
+	resp := post(t, context.Background(), h.URL+"/v1/completions", `{"prompt":"x","max_tokens":3}`)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.EqualValues(t, 1, s.Completed())
+	m, err := http.Get(h.URL + "/metrics")
+	require.NoError(t, err)
+	defer m.Body.Close()
+	r, err := saturation.ParseMetrics(m.Body, saturation.VLLM())
+	require.NoError(t, err)
+	require.Equal(t, 3.0, r.OutputMean)
+	require.GreaterOrEqual(t, r.PromptMean, 1.0)
+	rc := vllm.DefaultConfig()
+	require.Equal(t, float64(rc.TotalBlocks*rc.BlockSize), r.KVCapacity)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/saturation"
 	"github.com/flowgate/flowgate/saturation/redisshare"
+	"github.com/redis/go-redis/v9"
 )
 
 // The YAML file the proxy reads with -config. Its shape follows llm-d's
@@ -48,7 +49,7 @@ import (
 //	  scrapeInterval: 50ms
 //	  inFlightCredit: true
 //	sharedInFlight:            # optional: share in-flight counts with other replicas
-//	  address: redis:6379
+//	  address: redis:6379      # or url: rediss://:password@redis:6380/2 (and mode: sentinel|cluster)
 //	  replicaId: gateway-0     # unique per replica (or -replica-id)
 //	  period: 5ms
 //	  ttl: 1s
@@ -146,6 +147,8 @@ type fileSaturationDetector struct {
 // with the other gateway replicas through Redis (package redisshare).
 type fileSharedInFlight struct {
 	Address   string         `yaml:"address"`
+	URL       string         `yaml:"url"`
+	Mode      string         `yaml:"mode"`
 	ReplicaID string         `yaml:"replicaId"`
 	Period    *time.Duration `yaml:"period"`
 	TTL       *time.Duration `yaml:"ttl"`
@@ -229,13 +232,22 @@ type SaturationConfig struct {
 // SharedConfig configures the in-flight view shared with the other gateway
 // replicas through Redis (package saturation/redisshare). Only the per-backend
 // in-flight counts are shared; queues, bands and the dispatcher stay local.
-// The zero value (Address "") is off: the proxy routes and credits on its
+// The zero value (Address and URL "") is off: the proxy routes and credits on its
 // own counts.
 type SharedConfig struct {
-	// Address is the Redis "host:port"; "" turns sharing off.
+	// Address is the Redis "host:port" (one server, no auth, no TLS).
+	// Sharing is on when Address or URL is set, never both.
 	Address string
+	// URL is a Redis URL read by go-redis's parser for Mode (see
+	// redisshare.ParseURL): redis://[user:password@]host[:port][/db],
+	// rediss:// for TLS; for Sentinel, more Sentinels as addr=host:port
+	// and master_name=NAME; for Cluster, more nodes as addr=host:port.
+	URL string
+	// Mode is how URL is read: redisshare.ModeStandalone ("" too),
+	// ModeSentinel or ModeCluster.
+	Mode string
 	// ReplicaID names this replica among those sharing the Redis; it must
-	// be unique (a pod name). Required when Address is set.
+	// be unique (a pod name). Required when sharing is on.
 	ReplicaID string
 	// Period between two syncs with Redis. Default redisshare.DefaultPeriod.
 	Period time.Duration
@@ -247,7 +259,16 @@ type SharedConfig struct {
 }
 
 // Enabled reports whether sharing is on.
-func (s SharedConfig) Enabled() bool { return s.Address != "" }
+func (s SharedConfig) Enabled() bool { return s.Address != "" || s.URL != "" }
+
+// RedisOptions returns the connection for redisshare.Options.Redis: URL
+// read for Mode, or Address as one server. Validate has checked both.
+func (s SharedConfig) RedisOptions() (*redis.UniversalOptions, error) {
+	if s.URL != "" {
+		return redisshare.ParseURL(s.URL, s.Mode)
+	}
+	return &redis.UniversalOptions{Addrs: []string{s.Address}}, nil
+}
 
 // Validate fills the defaults and checks the settings, naming each field as
 // names does (the file's paths, or the proxy's flags).
@@ -259,13 +280,38 @@ func (s *SharedConfig) Validate(names SharedFieldNames) error {
 		s.TTL = redisshare.DefaultTTL
 	}
 	if !s.Enabled() {
-		if s.ReplicaID != "" {
+		switch {
+		case s.ReplicaID != "":
 			return fmt.Errorf("%s: set without %s", names.ReplicaID, names.Address)
+		case s.Mode != "":
+			return fmt.Errorf("%s: set without %s", names.Mode, names.URL)
 		}
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(s.Address); err != nil {
-		return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, err)
+	switch {
+	case s.Address != "" && s.URL != "":
+		return fmt.Errorf("%s: set beside %s; give one", names.URL, names.Address)
+	case s.Address != "" && strings.Contains(s.Address, "://"):
+		return fmt.Errorf("%s: a URL; give it as %s (%s is a host:port)", names.Address, names.URL, names.Address)
+	case s.Address != "" && s.Mode != "":
+		return fmt.Errorf("%s: applies to %s only; %s is one server", names.Mode, names.URL, names.Address)
+	case s.Address != "":
+		if _, _, err := net.SplitHostPort(s.Address); err != nil {
+			return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, err)
+		}
+	default:
+		switch s.Mode {
+		case "", redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster:
+		default:
+			return fmt.Errorf("%s: must be %s, %s or %s, got %q", names.Mode,
+				redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster, s.Mode)
+		}
+		if _, err := redisshare.ParseURL(s.URL, s.Mode); err != nil {
+			// ParseURL's message never repeats the URL (it may hold a
+			// password); drop its package prefix for the field's.
+			msg := strings.TrimPrefix(err.Error(), redisshare.ErrInvalidConfig.Error()+": ")
+			return fmt.Errorf("%s: %s", names.URL, msg)
+		}
 	}
 	switch {
 	case s.ReplicaID == "":
@@ -281,10 +327,11 @@ func (s *SharedConfig) Validate(names SharedFieldNames) error {
 }
 
 // SharedFieldNames are the names Validate gives the fields in its errors.
-type SharedFieldNames struct{ Address, ReplicaID, Period, TTL string }
+type SharedFieldNames struct{ Address, URL, Mode, ReplicaID, Period, TTL string }
 
 // SharedFileFields names the fields as the YAML file writes them.
-var SharedFileFields = SharedFieldNames{Address: "sharedInFlight.address", ReplicaID: "sharedInFlight.replicaId",
+var SharedFileFields = SharedFieldNames{Address: "sharedInFlight.address", URL: "sharedInFlight.url",
+	Mode: "sharedInFlight.mode", ReplicaID: "sharedInFlight.replicaId",
 	Period: "sharedInFlight.period", TTL: "sharedInFlight.ttl"}
 
 // Config is the validated proxy configuration.
@@ -1037,10 +1084,10 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	}
 	if sh := fc.SharedInFlight; sh != nil {
 		path := "sharedInFlight"
-		if sh.Address == "" {
-			return Config{}, fieldError(root, path+".address", "required in a sharedInFlight section (the Redis host:port)")
+		if sh.Address == "" && sh.URL == "" {
+			return Config{}, fieldError(root, path+".address", "required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
 		}
-		cfg.Shared = SharedConfig{Address: sh.Address, ReplicaID: sh.ReplicaID}
+		cfg.Shared = SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
 		if sh.Period != nil {
 			if *sh.Period <= 0 {
 				return Config{}, fieldError(root, path+".period", "must be > 0, got %v", *sh.Period)

@@ -197,7 +197,11 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		p.logf = log.Printf
 	}
 	if sh := cfg.Shared; sh.Enabled() {
-		view, err := redisshare.New(redisshare.Options{Addr: sh.Address, ReplicaID: sh.ReplicaID,
+		conn, err := sh.RedisOptions()
+		if err != nil {
+			return nil, fmt.Errorf("proxy: sharedInFlight: %w", err)
+		}
+		view, err := redisshare.New(redisshare.Options{Redis: conn, ReplicaID: sh.ReplicaID,
 			Period: sh.Period, TTL: sh.TTL, Logger: slog.New(slog.NewTextHandler(logfWriter(p.logf), nil))})
 		if err != nil {
 			return nil, fmt.Errorf("proxy: sharedInFlight: %w", err)
