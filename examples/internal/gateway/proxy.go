@@ -279,7 +279,7 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 			return 0
 		}
 	}
-	policy, err := flowcontrol.PolicyByName(cfg.Policy.Type, policyParams(cfg.Policy))
+	policy, err := newPolicy(cfg.Policy)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
@@ -361,6 +361,15 @@ func metricNames(engine string) saturation.MetricNames {
 		return saturation.SGLang()
 	}
 	return saturation.VLLM()
+}
+
+// newPolicy builds the configured policy: priority-holdback-policy from the
+// ceilings the file's bands got, the others by name.
+func newPolicy(r PolicyRef) (flowcontrol.CeilingPolicy, error) {
+	if r.Type == flowcontrol.PriorityHoldbackPolicyName {
+		return flowcontrol.NewPriorityHoldbackCeilings(r.Ceilings)
+	}
+	return flowcontrol.PolicyByName(r.Type, policyParams(r))
 }
 
 func policyParams(r PolicyRef) map[string]float64 {
