@@ -361,6 +361,15 @@ func (s benchSat) Saturation() float64 { return float64(s) }
 
 var gateSink flowcontrol.Gate
 
+// holdbackPolicy is llm-d's priority holdback, rank 0.5..1 over the bands.
+func holdbackPolicy(b *testing.B) *flowcontrol.PriorityHoldback {
+	p, err := flowcontrol.NewPriorityHoldback(0.5, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
 // BenchmarkPolicy times one Gate call (target < 10 ns, 0 allocs) over a mix
 // of bands and saturations, dead zone and throttled.
 func BenchmarkPolicy(b *testing.B) {
@@ -371,6 +380,7 @@ func BenchmarkPolicy(b *testing.B) {
 	}{
 		{"static", flowcontrol.NewStatic(1)},
 		{"soft-reflective", flowcontrol.NewSoftReflective()},
+		{"priority-holdback", holdbackPolicy(b)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()

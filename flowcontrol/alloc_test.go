@@ -19,12 +19,21 @@ import (
 // report the same with b.ReportAllocs; this test makes it a failure.
 func TestHotPathAllocFree(t *testing.T) {
 	soft, static := flowcontrol.NewSoftReflective(), flowcontrol.NewStatic(0.8)
+	hold, err := flowcontrol.NewPriorityHoldback(0.4, 0.9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdFixed, err := flowcontrol.NewPriorityHoldbackCeilings([]float64{1, 0.8, 0.6, 0.3})
+	if err != nil {
+		t.Fatal(err)
+	}
 	inputs := []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1, 0, 0.5, 0.75, 1, 3}
 	var sink int
 	if a := testing.AllocsPerRun(100, func() {
 		for _, s := range inputs {
 			for band := range 4 {
 				sink += soft.Gate(band, 4, s).Every + static.Gate(band, 4, s).Every
+				sink += hold.Gate(band, 4, s).Every + holdFixed.Gate(band, 4, s).Every
 			}
 			sink += int(flowcontrol.Sanitize(s))
 		}

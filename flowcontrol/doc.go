@@ -31,10 +31,14 @@
 // goroutine.
 //
 // The policies are pure functions of (band, bands, saturation): Static
-// (one threshold for every band) and SoftReflective (band 0 never gated;
-// band i's ceiling 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it,
-// blocked at 0). Their maths lives in policy.go; the tick loop in
-// dispatcher.go. llm-d's own discipline — one item per cycle, strict
+// (one threshold for every band: blocked at it, paced just below it so that
+// a reopening does not release the whole backlog at once, open further
+// below), SoftReflective (band 0 never gated; band i's ceiling
+// 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it, blocked at 0)
+// and PriorityHoldback (llm-d's priority-holdback-policy: a fixed ceiling
+// per band, by rank, priority value or an explicit map, each gated as
+// Static's threshold is). Their maths lives in policy.go and holdback.go;
+// the tick loop in dispatcher.go. llm-d's own discipline — one item per cycle, strict
 // priority, halting at the first gated band — is reproduced, for comparison
 // only, in package flowcontrol/llmd, which imports this one.
 //

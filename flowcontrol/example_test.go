@@ -105,6 +105,8 @@ func ExamplePolicyByName() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(p.Gate(0, 2, 0.79).Every, p.Gate(0, 2, 0.8).Every)
-	// Output: 1 0
+	// Open well below the threshold, paced just below it (band 0 at
+	// most Every 2, band 1 slower), blocked at it.
+	fmt.Println(p.Gate(0, 2, 0.3).Every, p.Gate(0, 2, 0.7).Every, p.Gate(1, 2, 0.7).Every, p.Gate(0, 2, 0.8).Every)
+	// Output: 1 2 14 0
 }

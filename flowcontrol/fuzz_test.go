@@ -201,6 +201,14 @@ func FuzzPolicyByName(f *testing.F) {
 	f.Add(flowcontrol.SoftReflectivePolicyName, "", 0.0, false, 0, 2, math.NaN())
 	f.Add(flowcontrol.SoftReflectivePolicyName, "threshold", 1.0, true, 3, 4, 0.7)
 	f.Add("soft-reflective", "", 0.0, false, 1, 2, 0.5)
+	f.Add(flowcontrol.StaticPolicyName, "threshold", 0.0, true, 0, 2, 0.0)
+	f.Add(flowcontrol.StaticPolicyName, "", 0.0, false, 1, 2, 0.6)
+	f.Add(flowcontrol.StaticPolicyName, "", 0.0, false, 7, 8, 0.999)
+	f.Add(flowcontrol.PriorityHoldbackPolicyName, "minCeiling", 0.4, true, 1, 3, 0.5)
+	f.Add(flowcontrol.PriorityHoldbackPolicyName, "minCeiling", 0.0, true, 1, 2, 0.0)
+	f.Add(flowcontrol.PriorityHoldbackPolicyName, "minCeiling", 1.0, true, 1, 2, 0.5)
+	f.Add(flowcontrol.PriorityHoldbackPolicyName, "maxCeiling", 0.9, true, 0, 2, 0.5)
+	f.Add(flowcontrol.PriorityHoldbackPolicyName, "", 0.0, false, 0, 2, 0.5)
 	f.Fuzz(func(t *testing.T, name, key string, value float64, withParam bool, band, bands int, s float64) {
 		var params map[string]float64
 		if withParam {
@@ -209,7 +217,9 @@ func FuzzPolicyByName(f *testing.F) {
 		valid := false
 		switch name {
 		case flowcontrol.StaticPolicyName:
-			valid = !withParam || (key == "threshold" && value >= 0)
+			valid = !withParam || (key == "threshold" && value > 0)
+		case flowcontrol.PriorityHoldbackPolicyName:
+			valid = withParam && key == "minCeiling" && value >= 0 && value < 1
 		case flowcontrol.SoftReflectivePolicyName:
 			valid = !withParam
 		}
@@ -231,14 +241,20 @@ func FuzzPolicyByName(f *testing.F) {
 			checkGate(t.Fatalf, band, bands, s)
 			return
 		}
+		if name == flowcontrol.PriorityHoldbackPolicyName {
+			checkCeilingGate(t.Fatalf, p, band, bands, s)
+			return
+		}
 		// Static: blocked exactly when the sanitised saturation reaches
-		// the threshold, for every band.
+		// the threshold, for every band; paced below it as the model
+		// says.
 		threshold := flowcontrol.DefaultStaticThreshold
 		if withParam {
 			threshold = value
 		}
-		if blocked := flowcontrol.Sanitize(s) >= threshold; blocked != (g.Every == 0) || (!blocked && g.Every != 1) {
-			t.Fatalf("static(%v).Gate(%d, %d, %v) = %+v", threshold, band, bands, s, g)
+		if lo, hi := ceilingGateRange(threshold, band, flowcontrol.Sanitize(s)); g.Every < lo || g.Every > hi {
+			t.Fatalf("static(%v).Gate(%d, %d, %v) = %+v, model Every in [%d, %d]", threshold, band, bands, s, g, lo, hi)
 		}
+		checkCeilingGate(t.Fatalf, p, band, bands, s)
 	})
 }

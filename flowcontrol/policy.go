@@ -55,12 +55,42 @@ func Sanitize(s float64) float64 {
 	return s
 }
 
-// Static applies one threshold to every band, band 0 included: a band is
-// blocked when saturation ≥ threshold and dispatches on every tick
-// otherwise. With threshold 1.0 it is the usual "constant ceiling" baseline.
+// Static applies one threshold to every band, band 0 included: every band is
+// blocked when saturation ≥ threshold. With threshold 1.0 it is the usual
+// "constant ceiling" baseline, llm-d's static-usage-limit-policy.
+//
+// Below the threshold a band is not simply open: Static paces the approach
+// to its ceiling (see ceilingGate), so that a band reopening after a block
+// does not release its whole backlog at once. Why: scraped saturation lags
+// the pool by a scrape interval or more, and an open band releases
+// everything it holds on the first tick below the threshold, so each
+// reopening flooded the replicas with the backlog that built up while they
+// were blocked; measured in examples/sim, that made a threshold of 1.0
+// worse than no flow control at all at and past the knee (critical TTFT p99
+// at codegen@16 53.2 s against 18.0 s with none; llm-d's static, which
+// releases one item per cycle in strict priority order, 14.4 s). Paced, a
+// reopening releases a bounded share per opportunity, less the closer the
+// reading is to the threshold, and lower bands less than higher ones.
+// The gates, for threshold t and sanitised saturation s:
+//
+//	s ≥ t                 every band blocked (Every 0)
+//	r = round(s/(t−s)) ≤ 1 (s ≤ t/2 and a little above): every band open
+//	otherwise             band 0: Every min(r, MaxCriticalEvery);
+//	                      band i ≥ 1: Every r·(1+i) (capped at MaxEvery)
+//
+// r is rounded half up as SoftReflective's ratios are; it is the duty cycle
+// SoftReflective gives the last of two bands, with t in place of 1 (s = 0.75t
+// gives 3, 0.9t gives 9).
 type Static struct {
 	threshold float64
 }
+
+// MaxCriticalEvery is the largest Every Static and PriorityHoldback give band
+// 0 below its ceiling: however close the reading is to the ceiling, the
+// critical band keeps at least one opportunity in MaxCriticalEvery until the
+// ceiling is reached (and Burst per opportunity: 500 items/s at the default
+// Tick and Burst), while lower bands slow down without bound.
+const MaxCriticalEvery = 2
 
 // NewStatic returns the static policy with the given threshold. A NaN
 // threshold is replaced by DefaultStaticThreshold. A threshold ≤ 0 blocks
@@ -76,14 +106,35 @@ func NewStatic(threshold float64) *Static {
 // Threshold returns the policy's threshold.
 func (p *Static) Threshold() float64 { return p.threshold }
 
-// Gate returns Every 0 (blocked) when saturation ≥ threshold and Every 1
-// otherwise, for every band; NaN saturation counts as 1.
+// Gate returns the band's gate at the threshold: blocked (Every 0) when
+// saturation ≥ threshold, for every band; paced just below it; open (Every
+// 1) further below. NaN saturation counts as 1. See Static.
 func (p *Static) Gate(band, bands int, saturation float64) Gate {
-	s := Sanitize(saturation)
-	if s >= p.threshold {
-		return Gate{Ceiling: p.threshold, Every: 0}
+	return ceilingGate(p.threshold, band, Sanitize(saturation))
+}
+
+// ceilingGate is the gate of a band whose fixed ceiling is c, at the
+// sanitised saturation s: Static's rule (see Static), shared by
+// PriorityHoldback. band < 0 counts as band 0.
+func ceilingGate(c float64, band int, s float64) Gate {
+	if !(s < c) { // also a NaN ceiling: blocked
+		return Gate{Ceiling: c, Every: 0}
 	}
-	return Gate{Ceiling: p.threshold, Every: 1}
+	// s/(c−s) rises from 0 at s = 0 to +Inf as s approaches c; c−s > 0
+	// here. roundHalfUp caps at MaxEvery (and maps +Inf there).
+	r := roundHalfUp(s / (c - s))
+	if r <= 1 {
+		return Gate{Ceiling: c, Every: 1}
+	}
+	if band <= 0 {
+		return Gate{Ceiling: c, Every: min(r, MaxCriticalEvery)}
+	}
+	// r·(1+band) without overflow: r ≤ MaxEvery = 2^30 and band < 2^62
+	// would overflow int64 only past MaxEvery, which caps it.
+	if band >= MaxEvery || r > MaxEvery/(1+band) {
+		return Gate{Ceiling: c, Every: MaxEvery}
+	}
+	return Gate{Ceiling: c, Every: r * (1 + band)}
 }
 
 // SoftReflective is the soft-reflective ceiling. For N bands and saturation s:
@@ -154,7 +205,7 @@ func (*SoftReflective) Gate(band, bands int, saturation float64) Gate {
 }
 
 // Policy names understood by PolicyByName, as the reference gateway spells
-// them.
+// them (PriorityHoldbackPolicyName too).
 const (
 	StaticPolicyName         = "static-usage-limit-policy"
 	SoftReflectivePolicyName = "soft-reflective-ceiling-policy"
@@ -165,9 +216,14 @@ const (
 //
 //	"static-usage-limit-policy"      param "threshold" (default 1.0, > 0)
 //	"soft-reflective-ceiling-policy" no params
+//	"priority-holdback-policy"       params "minCeiling" (required, in [0, 1)) and
+//	                                 "maxCeiling" (default 1.0, in (0, 1]):
+//	                                 the rank domain (NewPriorityHoldback)
 //
-// Unknown names, unknown params and bad values are errors wrapping
-// ErrInvalidConfig.
+// The holdback policy's value and explicit domains need the bands' priority
+// values or a map: build them with HoldbackCeilings and
+// NewPriorityHoldbackCeilings. Unknown names, unknown params and bad values
+// are errors wrapping ErrInvalidConfig.
 func PolicyByName(name string, params map[string]float64) (CeilingPolicy, error) {
 	switch name {
 	case StaticPolicyName:
@@ -190,6 +246,24 @@ func PolicyByName(name string, params map[string]float64) (CeilingPolicy, error)
 			return nil, fmt.Errorf("%w: policy %q has no parameter %q", ErrInvalidConfig, name, k)
 		}
 		return NewSoftReflective(), nil
+	case PriorityHoldbackPolicyName:
+		for k := range params {
+			if k != "minCeiling" && k != "maxCeiling" {
+				return nil, fmt.Errorf("%w: policy %q has no parameter %q (minCeiling, maxCeiling)", ErrInvalidConfig, name, k)
+			}
+		}
+		lo, ok := params["minCeiling"]
+		if !ok {
+			return nil, fmt.Errorf("%w: policy %q: minCeiling is required", ErrInvalidConfig, name)
+		}
+		hi, ok := params["maxCeiling"]
+		if ok && hi == 0 {
+			// 0 means the default in NewPriorityHoldback; here it
+			// was given, and llm-d refuses it.
+			return nil, fmt.Errorf("%w: %s maxCeiling: must be in (0, 1], got 0", ErrInvalidConfig, name)
+		}
+		return NewPriorityHoldback(lo, hi)
 	}
-	return nil, fmt.Errorf("%w: unknown policy %q (want %q or %q)", ErrInvalidConfig, name, StaticPolicyName, SoftReflectivePolicyName)
+	return nil, fmt.Errorf("%w: unknown policy %q (want %q, %q or %q)", ErrInvalidConfig, name,
+		StaticPolicyName, SoftReflectivePolicyName, PriorityHoldbackPolicyName)
 }

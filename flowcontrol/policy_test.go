@@ -74,18 +74,35 @@ func TestSoftReflectiveFourBands(t *testing.T) {
 
 func TestStatic(t *testing.T) {
 	p := flowcontrol.NewStatic(1)
+	// every[b] for bands 0, 1, 2 of 3: open up to r = round(s/(1−s)) = 1,
+	// then band 0 min(r, 2) and band i r·(1+i); blocked from 1.
 	for _, tc := range []struct {
 		s     float64
-		every int
-	}{{0, 1}, {0.99, 1}, {1, 0}, {2, 0}, {math.NaN(), 0}, {math.Inf(1), 0}, {math.Inf(-1), 1}} {
+		every [3]int
+	}{
+		{0, [3]int{1, 1, 1}}, {0.5, [3]int{1, 1, 1}}, {0.55, [3]int{1, 1, 1}},
+		{0.6, [3]int{2, 4, 6}}, // 0.6/0.4 = 1.5 rounds up (exact arithmetic)
+		{0.75, [3]int{2, 6, 9}}, {0.9, [3]int{2, 18, 27}}, {0.99, [3]int{2, 198, 297}},
+		{1, [3]int{0, 0, 0}}, {2, [3]int{0, 0, 0}}, {math.NaN(), [3]int{0, 0, 0}},
+		{math.Inf(1), [3]int{0, 0, 0}}, {math.Inf(-1), [3]int{1, 1, 1}},
+	} {
 		for b := 0; b < 3; b++ {
-			if g := p.Gate(b, 3, tc.s); g.Every != tc.every || g.Ceiling != 1 {
-				t.Errorf("static(1).Gate(%d, 3, %v) = %+v, want every %d", b, tc.s, g, tc.every)
+			if g := p.Gate(b, 3, tc.s); g.Every != tc.every[b] || g.Ceiling != 1 {
+				t.Errorf("static(1).Gate(%d, 3, %v) = %+v, want every %d", b, tc.s, g, tc.every[b])
 			}
 		}
 	}
+	// The pacing scales with the threshold: 0.6 of 0.8 is 0.75 of 1.
+	if g := flowcontrol.NewStatic(0.8).Gate(1, 2, 0.6); g.Every != 6 {
+		t.Errorf("static(0.8).Gate(1, 2, 0.6) = %+v, want every 6", g)
+	}
 	if got := flowcontrol.NewStatic(math.NaN()).Threshold(); got != flowcontrol.DefaultStaticThreshold {
 		t.Errorf("NewStatic(NaN).Threshold() = %v", got)
+	}
+	// The demo's "no flow control" is a static threshold far above any
+	// reading: it must stay open at MaxSaturation.
+	if g := flowcontrol.NewStatic(2*flowcontrol.MaxSaturation).Gate(1, 2, math.Inf(1)); g.Every != 1 {
+		t.Errorf("static(2·MaxSaturation) at +Inf = %+v, want open", g)
 	}
 }
 
@@ -104,8 +121,12 @@ func TestPolicyByName(t *testing.T) {
 		t.Fatalf("static default: %v %v", p, err)
 	}
 	p, err = flowcontrol.PolicyByName("static-usage-limit-policy", map[string]float64{"threshold": 0.8})
-	if err != nil || p.Gate(0, 2, 0.8).Every != 0 || p.Gate(0, 2, 0.79).Every != 1 {
+	if err != nil || p.Gate(0, 2, 0.8).Every != 0 || p.Gate(0, 2, 0.79).Every != 2 || p.Gate(0, 2, 0.4).Every != 1 {
 		t.Fatalf("static 0.8: %v %v", p, err)
+	}
+	p, err = flowcontrol.PolicyByName("priority-holdback-policy", map[string]float64{"minCeiling": 0.4, "maxCeiling": 0.9})
+	if h, ok := p.(*flowcontrol.PriorityHoldback); err != nil || !ok || h.Ceiling(0, 2) != 0.9 || h.Ceiling(1, 2) != 0.4 {
+		t.Fatalf("priority-holdback: %v %v", p, err)
 	}
 	p, err = flowcontrol.PolicyByName("soft-reflective-ceiling-policy", nil)
 	if _, ok := p.(*flowcontrol.SoftReflective); err != nil || !ok {
@@ -120,6 +141,12 @@ func TestPolicyByName(t *testing.T) {
 		{"static-usage-limit-policy", map[string]float64{"threshold": math.NaN()}},
 		{"static-usage-limit-policy", map[string]float64{"threshold": -1}},
 		{"soft-reflective-ceiling-policy", map[string]float64{"threshold": 1}},
+		{"priority-holdback-policy", nil},
+		{"priority-holdback-policy", map[string]float64{"maxCeiling": 0.9}},
+		{"priority-holdback-policy", map[string]float64{"minCeiling": 0.5, "maxCeiling": 0}},
+		{"priority-holdback-policy", map[string]float64{"minCeiling": 0.5, "maxCeiling": 0.4}},
+		{"priority-holdback-policy", map[string]float64{"minCeiling": 1}},
+		{"priority-holdback-policy", map[string]float64{"minCeiling": 0.5, "domain": 1}},
 	} {
 		if _, err := flowcontrol.PolicyByName(bad.name, bad.params); !errors.Is(err, flowcontrol.ErrInvalidConfig) {
 			t.Errorf("PolicyByName(%q, %v) err = %v, want ErrInvalidConfig", bad.name, bad.params, err)

@@ -248,6 +248,11 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("flowControl:\n  priorityBands:\n    - &b {name: a, priority: 1}\n    - <<: *b\n      priority: two\n")
 	f.Add("saturationDetector: {kvCacheUtilThreshold: 80%, inFlightCredit: maybe, scrapeInterval: 50}\nflowControl: {burst: 2.5, objectives: [a]}\n")
 	f.Add("featureGates: &n [x]\nflowControl: {tick: *n, burst: *n}\nplugins:\n  - {type: static-usage-limit-policy, parameters: {threshold: high}}\n")
+	f.Add("plugins:\n  - {name: h, type: priority-holdback-policy, parameters: {shape: linear, domain: rank, minCeiling: 0.4, maxCeiling: 0.9}}\nflowControl:\n  usageLimitPolicyPluginRef: h\n  priorityBands:\n    - {priority: 100}\n    - {priority: 50}\n    - {priority: 0}\n")
+	f.Add("plugins:\n  - {type: priority-holdback-policy, parameters: {domain: value, minCeiling: 0}}\nflowControl: {usageLimitPolicyPluginRef: priority-holdback-policy}\n")
+	f.Add("plugins:\n  - type: priority-holdback-policy\n    parameters:\n      domain: explicit\n      ceilings: {100: 0.95, 50: 0.7, 10: 0.3}\nflowControl:\n  usageLimitPolicyPluginRef: priority-holdback-policy\n  priorityBands: [{priority: 100}, {priority: 10}, {priority: 5}]\n")
+	f.Add("plugins:\n  - type: priority-holdback-policy\n    parameters: {domain: explicit, ceilings: {1: 0.2, 0: 0.5}}\nflowControl: {usageLimitPolicyPluginRef: priority-holdback-policy}\n")
+	f.Add("plugins:\n  - {type: priority-holdback-policy, parameters: {minCeiling: 0.9, maxCeiling: 0.5, ceilings: [1]}}\nflowControl: {usageLimitPolicyPluginRef: priority-holdback-policy}\n")
 	f.Fuzz(func(t *testing.T, src string) {
 		cfg, err := gateway.ParseConfig(strings.NewReader(src))
 		if err != nil {
@@ -280,7 +285,17 @@ func FuzzParseConfig(f *testing.F) {
 				t.Fatalf("objective %q → band %d of %d", o, i, len(cfg.Bands))
 			}
 		}
-		if cfg.Policy.Type != flowcontrol.StaticPolicyName && cfg.Policy.Type != flowcontrol.SoftReflectivePolicyName {
+		switch cfg.Policy.Type {
+		case flowcontrol.StaticPolicyName, flowcontrol.SoftReflectivePolicyName:
+		case flowcontrol.PriorityHoldbackPolicyName:
+			// One ceiling per band, in [0, 1], not increasing.
+			if len(cfg.Policy.Ceilings) != len(cfg.Bands) {
+				t.Fatalf("%d holdback ceilings for %d bands", len(cfg.Policy.Ceilings), len(cfg.Bands))
+			}
+			if _, err := flowcontrol.NewPriorityHoldbackCeilings(cfg.Policy.Ceilings); err != nil {
+				t.Fatalf("holdback ceilings %v: %v", cfg.Policy.Ceilings, err)
+			}
+		default:
 			t.Fatalf("policy %q", cfg.Policy.Type)
 		}
 		if cfg.Saturation.ScrapeInterval <= 0 || cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {

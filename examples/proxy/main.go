@@ -73,7 +73,18 @@ func main() {
 		fatal(err)
 	}
 	if s := cfg.Shared; s.Enabled() {
-		log.Printf("proxy: sharing in-flight counts through redis %s as replica %q (period %v, ttl %v)", s.Address, s.ReplicaID, s.Period, s.TTL)
+		where := s.Address
+		if s.URL != "" {
+			// The servers and the mode, never the URL: it may hold a password.
+			if o, err := s.RedisOptions(); err == nil {
+				mode := s.Mode
+				if mode == "" {
+					mode = "standalone"
+				}
+				where = fmt.Sprintf("%s (%s, tls %v, db %d)", strings.Join(o.Addrs, ","), mode, o.TLSConfig != nil, o.DB)
+			}
+		}
+		log.Printf("proxy: sharing in-flight counts through redis %s as replica %q (period %v, ttl %v)", where, s.ReplicaID, s.Period, s.TTL)
 	}
 	log.Printf("proxy: listening on http://%s → %v (policy %s, %d bands, at most %d client connections, %d kept free)",
 		ln.Addr(), urls, cfg.Policy.Type, len(cfg.Bands), sf.maxConns, sf.reservedConns)
@@ -101,13 +112,15 @@ func fatal(err error) {
 // sharedFlags override the configuration's sharedInFlight section.
 type sharedFlags struct {
 	redis     string
+	mode      string
 	replicaID string
 	period    time.Duration
 	ttl       time.Duration
 }
 
 func (f *sharedFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.redis, "shared-redis", "", "Redis host:port through which the replicas share their in-flight counts per backend (off by default; sharedInFlight.address)")
+	fs.StringVar(&f.redis, "shared-redis", "", "Redis through which the replicas share their in-flight counts per backend: host:port (sharedInFlight.address) or a redis:// or rediss:// URL (sharedInFlight.url; a password here shows in ps, the file keeps it out); off by default")
+	fs.StringVar(&f.mode, "shared-redis-mode", "", "how -shared-redis's URL is read: standalone (default), sentinel (master_name=, addr= for more Sentinels) or cluster (addr= for more nodes); sharedInFlight.mode")
 	fs.StringVar(&f.replicaID, "replica-id", "", "this replica's name among those sharing the Redis, unique (a pod name; sharedInFlight.replicaId)")
 	fs.DurationVar(&f.period, "shared-period", 0, "how often to publish own counts and fetch the others' (0: the file's, or 5ms)")
 	fs.DurationVar(&f.ttl, "shared-ttl", 0, "how long a silent replica keeps counting, and how long Redis may fail before own counts only (0: the file's, or 1s)")
@@ -115,7 +128,7 @@ func (f *sharedFlags) register(fs *flag.FlagSet) {
 
 // sharedFlagNames names the flags in validation errors; a field the file
 // can also set names both.
-var sharedFlagNames = gateway.SharedFieldNames{Address: "-shared-redis", ReplicaID: "-replica-id",
+var sharedFlagNames = gateway.SharedFieldNames{Address: "-shared-redis", URL: "-shared-redis", Mode: "-shared-redis-mode", ReplicaID: "-replica-id",
 	Period: "-shared-period", TTL: "-shared-ttl"}
 
 // apply lays the flags over the file's settings and validates the result.
@@ -124,7 +137,16 @@ func (f *sharedFlags) apply(s *gateway.SharedConfig) error {
 		return fmt.Errorf("proxy: -shared-period and -shared-ttl must be ≥ 0, got %v and %v", f.period, f.ttl)
 	}
 	if f.redis != "" {
-		s.Address = f.redis
+		// The flag replaces the file's connection whichever form it has.
+		s.Address, s.URL = "", ""
+		if strings.Contains(f.redis, "://") {
+			s.URL = f.redis
+		} else {
+			s.Address = f.redis
+		}
+	}
+	if f.mode != "" {
+		s.Mode = f.mode
 	}
 	if f.replicaID != "" {
 		s.ReplicaID = f.replicaID
@@ -135,8 +157,8 @@ func (f *sharedFlags) apply(s *gateway.SharedConfig) error {
 	if f.ttl != 0 {
 		s.TTL = f.ttl
 	}
-	if !s.Enabled() && (f.replicaID != "" || f.period != 0 || f.ttl != 0) {
-		return errors.New("proxy: -replica-id, -shared-period and -shared-ttl need -shared-redis (or sharedInFlight.address)")
+	if !s.Enabled() && (f.replicaID != "" || f.period != 0 || f.ttl != 0 || f.mode != "") {
+		return errors.New("proxy: -replica-id, -shared-period, -shared-ttl and -shared-redis-mode need -shared-redis (or sharedInFlight.address or url)")
 	}
 	if err := s.Validate(sharedFlagNames); err != nil {
 		return fmt.Errorf("proxy: %w", err)

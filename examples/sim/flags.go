@@ -35,6 +35,7 @@ type options struct {
 	promptTok   float64
 	maxReplicas bool // -aggregate max
 	llmdTTL     time.Duration
+	holdback    flowcontrol.HoldbackConfig
 	format      string
 	gateways    int
 	plot        string
@@ -86,7 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	wl := fs.String("workload", "all", "workload: codegen, chat, reasoning or all")
 	qps := fs.String("qps", "", "comma-separated request rates (default: the published points of each workload)")
 	pol := fs.String("policy", strings.Join(defaultPolicies, ","),
-		"comma-separated policies: none, llmd-static, llmd-soft-reflective, static, soft-reflective (both = static,soft-reflective)")
+		"comma-separated policies: none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback (both = static,soft-reflective)")
 	fs.BoolVar(&o.floor, "floor", true, "also run the floor: the same critical arrivals with no sheddable traffic")
 	fs.DurationVar(&o.duration, "duration", 10*time.Minute, "arrival window (the pool then drains)")
 	fs.Uint64Var(&o.seed, "seed", 1, "first random seed (same seeds, same output)")
@@ -99,6 +100,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
 	aggregate := fs.String("aggregate", DefaultAggregate, "flowgate's saturation: combine replicas by mean (saturation.Scorer.Pool) or max (Scorer.PoolMax)")
 	fs.DurationVar(&o.llmdTTL, "llmd-ttl", 0, "llm-d parity: request TTL enforced by the 1 s sweep (0 = none)")
+	hb := cluster.DefaultHoldback()
+	fs.Float64Var(&o.holdback.MinCeiling, "holdback-min", hb.MinCeiling, "priority-holdback policies: minCeiling, the sheddable band's ceiling, in [0, 1)")
+	fs.Float64Var(&o.holdback.MaxCeiling, "holdback-max", hb.MaxCeiling, "priority-holdback policies: maxCeiling, the critical band's ceiling, in (0, 1] and above -holdback-min")
 	fs.StringVar(&o.format, "format", "table", "output: table (Markdown) or json (JSON Lines: one object per workload, qps, policy, seed)")
 	fs.IntVar(&o.gateways, "gateways", 1, "independent gateways (dispatchers) sharing the pool, each with 1/N of the traffic")
 	fs.StringVar(&o.plot, "plot", "", "write an SVG chart of the changes (soft-reflective vs static) to this file")
@@ -165,13 +169,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		switch f {
 		case "both":
 			o.policies = append(o.policies, cluster.Static, cluster.SoftReflective)
-		case cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective:
+		case cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.LLMDPriorityHoldback,
+			cluster.Static, cluster.SoftReflective, cluster.PriorityHoldback:
 			o.policies = append(o.policies, f)
 		case cluster.Floor:
 			o.floor = true
 		default:
-			return o, fmt.Errorf("-policy: %q must be none, llmd-static, llmd-soft-reflective, static, soft-reflective or both", f)
+			return o, fmt.Errorf("-policy: %q must be none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback or both", f)
 		}
+	}
+	o.holdback.Domain = hb.Domain
+	if err := o.holdback.Validate(); err != nil {
+		return o, fmt.Errorf("-holdback-min, -holdback-max: %w", err)
 	}
 	switch *projection {
 	case "none":
@@ -311,6 +320,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
 		Credit: o.credit, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
+		Holdback: o.holdback,
 	}
 }
 

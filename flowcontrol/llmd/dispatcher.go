@@ -126,6 +126,11 @@ func NewDispatcher[T any](cfg DispatcherConfig[T]) (*Dispatcher[T], error) {
 			return nil, err
 		}
 	}
+	if v, ok := cfg.Policy.(interface{ validateBands(int) error }); ok {
+		if err := v.validateBands(len(bands)); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Dispatch == nil {
 		return nil, fmt.Errorf("%w: Dispatch is required", flowcontrol.ErrInvalidConfig)
 	}

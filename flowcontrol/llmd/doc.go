@@ -4,11 +4,11 @@
 // side on the same workload, the same pool and the same saturation signal.
 //
 // It is a comparison tool, not a gate to deploy: the simulator's llm-d parity
-// baselines (examples/sim, policies llmd-static and llmd-soft-reflective) are built
-// on it. A proxy gates with package flowcontrol (Controller, or Dispatcher for
-// items of its own type) and flowcontrol/flowhttp. Results measured
-// with this package are llm-d's; never quote them as flowgate's, nor flowgate's as
-// llm-d's.
+// baselines (examples/sim, policies llmd-static, llmd-soft-reflective and
+// llmd-priority-holdback) are built on it. A proxy gates with package flowcontrol
+// (Controller, or Dispatcher for items of its own type) and flowcontrol/flowhttp.
+// Results measured with this package are llm-d's; never quote them as flowgate's,
+// nor flowgate's as llm-d's.
 //
 // # Semantics
 //
@@ -32,12 +32,16 @@
 //     together), advanced once per cycle while 0.5 ≤ s < 1, with period
 //     max(1, round(s/(1−s+1e−9))) (Period). flowgate's dispatcher keeps a count
 //     per band instead.
+//   - Priority holdback is fixed ceilings. PriorityHoldback gives band i of N the
+//     ceiling maxCeiling − i·(maxCeiling−minCeiling)/(N−1) (rank), one spaced by
+//     priority value (value), or one from a map (explicit); nothing depends on the
+//     saturation or on state, so a band below its ceiling is open on every cycle.
 //   - Expiry by a sweep every second (CleanupInterval, Dispatcher.Sweep), not at
 //     each tick.
 //
 // Not modelled: fairness other than llm-d's default global-strict (one FIFO per
 // band; other values of BandConfig.Fairness are refused), byte budgets (MaxBytes is
-// validated, not counted), the priority-holdback policy, and anything flowgate adds
+// validated, not counted), and anything flowgate adds
 // (bursts, pacing, in-flight credit, admission, the blocking Controller facade).
 //
 // # Relation to flowcontrol
@@ -48,5 +52,8 @@
 // ErrCancelled, all errors.Is-able as there); flowcontrol does not know this package.
 // flowcontrol.PolicyByName registers flowgate's policies under llm-d's type names
 // ("soft-reflective-ceiling-policy" there is flowgate's semantics); llm-d's own
-// policies are built here, by NewStatic and NewSoftReflective, and have no registry.
+// policies are built here, by NewStatic, NewSoftReflective and NewPriorityHoldback
+// (whose parameters, flowcontrol.HoldbackConfig, and ceiling maths,
+// flowcontrol.HoldbackCeilings, are shared with flowgate's PriorityHoldback), and have
+// no registry.
 package llmd

@@ -152,6 +152,33 @@ func TestHaltsAtFirstGatedBand(t *testing.T) {
 	src.v = 0.79
 	require.True(t, d.Cycle())
 	require.Equal(t, []sent{{1, 1}}, *out)
+
+	// llm-d priority holdback, rank 0.4..1 over three bands: ceilings 1, 0.7,
+	// 0.4. At 0.5 band 2 is held back while band 1 goes; at 0.7 band 1 is held
+	// too (and halts the cycle), band 0 goes; at 1 every band halts.
+	h, err := NewPriorityHoldback(flowcontrol.HoldbackConfig{MinCeiling: 0.4}, []int{100, 50, 0})
+	require.NoError(t, err)
+	require.Equal(t, []float64{1, 0.7, 0.4}, h.Ceilings())
+	src.v = 0.5
+	d, out = newDispatcher(t, h, 3, src)
+	require.NoError(t, d.Enqueue(2, 20))
+	require.NoError(t, d.Enqueue(1, 10))
+	require.True(t, d.Cycle())
+	require.False(t, d.Cycle(), "band 2 held back at s=0.5 ≥ 0.4")
+	src.v = 0.7
+	require.NoError(t, d.Enqueue(0, 1))
+	require.NoError(t, d.Enqueue(1, 11))
+	require.True(t, d.Cycle())
+	require.False(t, d.Cycle(), "band 1 held back at s=0.7 ≥ 0.7")
+	src.v = 1
+	require.NoError(t, d.Enqueue(0, 2))
+	require.True(t, d.Halted())
+	require.False(t, d.Cycle(), "band 0 halts at maxCeiling")
+	src.v = 0.39
+	require.True(t, d.Cycle())
+	require.True(t, d.Cycle())
+	require.True(t, d.Cycle())
+	require.Equal(t, []sent{{1, 10}, {0, 1}, {0, 2}, {1, 11}, {2, 20}}, *out)
 }
 
 func TestSweepAndAbandon(t *testing.T) {
@@ -205,6 +232,14 @@ func TestConfigErrors(t *testing.T) {
 		require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig, field)
 		require.True(t, strings.Contains(err.Error(), field), "%q names %s", err, field)
 	}
+	h, err := NewPriorityHoldback(flowcontrol.HoldbackConfig{MinCeiling: 0.5}, []int{1, 0})
+	require.NoError(t, err)
+	_, err = NewDispatcher(DispatcherConfig[int]{Bands: one, Policy: h, Source: &setSat{}, Dispatch: ok})
+	require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig, "two priorities for one band")
+	require.Contains(t, err.Error(), "Policy")
+	_, err = NewPriorityHoldback(flowcontrol.HoldbackConfig{MinCeiling: 1.5}, []int{1, 0})
+	require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig)
+	require.Contains(t, err.Error(), "minCeiling")
 	for _, th := range []float64{math.NaN(), -1, 1.5} {
 		_, err := NewDispatcher(DispatcherConfig[int]{Bands: one, Policy: NewStatic(th), Source: &setSat{}, Dispatch: ok})
 		require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig)
@@ -312,7 +347,7 @@ func (m *model) cycle(s float64) (sent, bool) {
 func TestDispatcherAgainstModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 4).Draw(t, "bands")
-		kind := rapid.IntRange(0, 2).Draw(t, "policy") // static, soft-reflective, a table
+		kind := rapid.IntRange(0, 3).Draw(t, "policy") // static, soft-reflective, a table, priority holdback
 		thr := rapid.SampledFrom([]float64{1, 0.8, 0.5}).Draw(t, "threshold")
 		m := &model{bands: make([][]int, n), soft: kind == 1, thr: thr}
 		var p UsageLimitPolicy = NewStatic(thr)
@@ -331,6 +366,24 @@ func TestDispatcherAgainstModel(t *testing.T) {
 				m.table = append(m.table, append([]float64(nil), row...))
 			}
 			p = tab
+		case 3:
+			// Rank domain, restated: band i of n at hi − i·(hi−lo)/(n−1).
+			lo := rapid.SampledFrom([]float64{0, 0.3, 0.5}).Draw(t, "min")
+			hi := rapid.SampledFrom([]float64{0.7, 0.9, 1}).Draw(t, "max")
+			row := make([]float64, n)
+			prios := make([]int, n)
+			for i := range row {
+				row[i], prios[i] = hi, 10*(n-i)
+				if n > 1 {
+					row[i] = hi - float64(i)*(hi-lo)/float64(n-1)
+				}
+			}
+			m.table = [][]float64{row}
+			h, err := NewPriorityHoldback(flowcontrol.HoldbackConfig{MinCeiling: lo, MaxCeiling: hi}, prios)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p = h
 		}
 		src := &setSat{}
 		var out []sent
@@ -344,7 +397,7 @@ func TestDispatcherAgainstModel(t *testing.T) {
 			t.Fatal(err)
 		}
 		next := 0
-		sats := []float64{0, 0.3, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9, 0.99, 1, 1.5}
+		sats := []float64{0, 0.3, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9, 0.99, 1, 1.5, 0.4, 0.45, 0.55}
 		for range rapid.IntRange(1, 200).Draw(t, "ops") {
 			switch rapid.IntRange(0, 3).Draw(t, "op") {
 			case 0:

@@ -3,6 +3,7 @@ package llmd
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/flowgate/flowgate/flowcontrol"
 )
@@ -10,9 +11,8 @@ import (
 // UsageLimitPolicy is llm-d's usage-limit policy: once per dispatch cycle it gives
 // every band a ceiling, and a band whose ceiling is at or below the pool's saturation
 // halts the cycle (saturation >= ceiling). Band 0 is the highest priority. Ceilings are
-// non-increasing by priority. Static and SoftReflective implement it (llm-d's
-// priority-holdback-policy is not modelled). It is not flowcontrol.CeilingPolicy,
-// which is a pure per-band gate.
+// non-increasing by priority. Static, SoftReflective and PriorityHoldback implement
+// it. It is not flowcontrol.CeilingPolicy, which is a pure per-band gate.
 type UsageLimitPolicy interface {
 	// ComputeLimit writes the ceiling of every band (len(ceilings) bands) for one cycle
 	// at the given saturation. It is called exactly once per cycle and may advance
@@ -150,3 +150,53 @@ func (p *SoftReflective) Idle(saturation float64, bands int, n int64) {
 
 // TopCeiling implements UsageLimitPolicy: band 0's ceiling is always 1.0.
 func (p *SoftReflective) TopCeiling(float64) float64 { return 1 }
+
+// PriorityHoldback is llm-d's priority-holdback-policy: a fixed ceiling per band,
+// from maxCeiling for band 0 down to minCeiling for the last, spaced by rank or by
+// priority value, or given per priority (flowcontrol.HoldbackConfig states the
+// parameters and flowcontrol.HoldbackCeilings computes them, as llm-d does for its
+// active priorities). A cycle halts at the first band whose ceiling is at or below
+// the saturation, so as saturation rises the lowest band is held back first, then
+// each band above it; at maxCeiling (1.0 by default) band 0 too. Stateless: no duty
+// cycle, and a band below its ceiling is open on every cycle (one item per cycle,
+// as every llm-d policy).
+type PriorityHoldback struct{ ceilings []float64 }
+
+// NewPriorityHoldback returns llm-d's priority-holdback policy for bands at the given
+// priority values (band 0 the highest, strictly decreasing: one per band of the
+// dispatcher it is given to, which NewDispatcher checks). Errors wrap
+// flowcontrol.ErrInvalidConfig and name the parameter.
+func NewPriorityHoldback(cfg flowcontrol.HoldbackConfig, priorities []int) (*PriorityHoldback, error) {
+	c, err := flowcontrol.HoldbackCeilings(cfg, priorities)
+	if err != nil {
+		return nil, err
+	}
+	return &PriorityHoldback{ceilings: c}, nil
+}
+
+// Ceilings returns a copy of the ceilings, band 0 first.
+func (p *PriorityHoldback) Ceilings() []float64 { return slices.Clone(p.ceilings) }
+
+// ComputeLimit implements UsageLimitPolicy: every band's ceiling is its own, whatever
+// the saturation. A dispatcher with more bands than ceilings (which NewDispatcher
+// refuses) would give the extra bands the last one.
+func (p *PriorityHoldback) ComputeLimit(_ float64, ceilings []float64) {
+	for i := range ceilings {
+		ceilings[i] = p.ceilings[min(i, len(p.ceilings)-1)]
+	}
+}
+
+// Idle implements UsageLimitPolicy; the policy has no state.
+func (p *PriorityHoldback) Idle(float64, int, int64) {}
+
+// TopCeiling implements UsageLimitPolicy: band 0's ceiling (maxCeiling in the rank
+// and value domains).
+func (p *PriorityHoldback) TopCeiling(float64) float64 { return p.ceilings[0] }
+
+// validateBands is called by NewDispatcher with its number of bands.
+func (p *PriorityHoldback) validateBands(n int) error {
+	if len(p.ceilings) != n {
+		return fmt.Errorf("%w: Policy: llmd.NewPriorityHoldback was given %d band priorities for %d bands", flowcontrol.ErrInvalidConfig, len(p.ceilings), n)
+	}
+	return nil
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -145,4 +147,76 @@ func BenchmarkSync(b *testing.B) {
 		}
 	}
 	b.ReportMetric((cpu()-before)*1e6/float64(b.N), "redis-cpu-µs/op")
+}
+
+// BenchmarkSyncFailureRate runs one replica's syncs as Run paces them
+// (every DefaultPeriod, the next starting a Period after the last began,
+// or at once when it took longer) against a real redis-server holding 7
+// peers' hashes, at several per-sync timeouts: the 4 ms that was the
+// default (4/5 of Period), and longer ones up to DefaultTimeout. It reports
+// the share of syncs that failed (failed-%) and the 99th percentile of
+// their durations. Run it beside a CPU hog to see what a loaded node does
+// (the package doc has the figures and the command); -benchtime=2000x is
+// 10 s of syncs per timeout.
+func BenchmarkSyncFailureRate(b *testing.B) {
+	srv := startRedis(b)
+	// 7 peers publishing 4 endpoints each, syncing every 100 ms for the
+	// whole run (a peer that stopped would leave the directory after its
+	// one-minute GC age, and the replica measured would read nothing).
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for i := range 7 {
+		// Setup only: a timeout a loaded machine cannot miss.
+		v, err := New(Options{Addr: srv.Addr(), ReplicaID: fmt.Sprintf("peer-%d", i), TTL: time.Hour, Period: 100 * time.Millisecond,
+			Timeout: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for j := range 4 {
+			v.Add(fmt.Sprintf("10.0.0.%d:8000", j), int64(i+j+1))
+		}
+		if err := v.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = v.Run(ctx); _ = v.Close() }()
+	}
+	for _, timeout := range []time.Duration{4 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, DefaultTimeout} {
+		b.Run("timeout="+timeout.String(), func(b *testing.B) {
+			v, err := New(Options{Addr: srv.Addr(), ReplicaID: "bench", Timeout: timeout, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer v.Close()
+			for j := range 4 {
+				v.Add(fmt.Sprintf("10.0.0.%d:8000", j), 2)
+			}
+			for range 3 { // connect and learn the peers
+				_ = v.Sync(ctx)
+			}
+			t := time.NewTimer(0)
+			defer t.Stop()
+			durations := make([]time.Duration, 0, b.N)
+			failed := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				<-t.C
+				begin := time.Now()
+				if err := v.sync(ctx, v.timeout); err != nil {
+					failed++
+				}
+				d := time.Since(begin)
+				durations = append(durations, d)
+				t.Reset(max(0, v.period-d))
+			}
+			b.StopTimer()
+			slices.Sort(durations)
+			b.ReportMetric(100*float64(failed)/float64(b.N), "failed-%")
+			b.ReportMetric(float64(durations[len(durations)*99/100].Microseconds())/1000, "p99-ms")
+			b.ReportMetric(float64(durations[len(durations)-1].Microseconds())/1000, "max-ms")
+			b.ReportMetric(float64(v.Peers()), "peers")
+		})
+	}
 }

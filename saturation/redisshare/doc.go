@@ -27,14 +27,16 @@
 // own live count (Endpoint.Inc on dispatch, Dec on done: one atomic add) and
 // the other replicas' sum as last fetched. InFlight returns own + others:
 // two atomic loads, no lock, no allocation, no network round trip (see
-// BenchmarkInFlightRead). A stale others is at most one Period old while
-// Redis answers.
+// BenchmarkInFlightRead). A stale others is at most one Period (plus one
+// slow sync's duration) old while Redis answers.
 //
-// One background loop (Run) syncs every Period with one MULTI/EXEC
-// transaction, one round trip:
+// One background loop (Run) syncs every Period with one Lua script (EVALSHA),
+// one round trip, which Redis runs atomically:
 //
+//	TIME                                             Redis's clock: <ms>
+//	HGET  {prefix}:replica:<id> ""                   who wrote this id's hash last (duplicate ids)
 //	DEL   {prefix}:replica:<id>                      replace, so endpoints no longer held vanish
-//	HSET  {prefix}:replica:<id> "" <ms> ep1 n1 ...   non-zero own counts, plus a heartbeat field
+//	HSET  {prefix}:replica:<id> "" "<ms> <instance>" ep1 n1 ...   non-zero own counts, plus a heartbeat
 //	PEXPIRE {prefix}:replica:<id> TTL-Period         liveness: a dead replica's hash expires
 //	ZADD  {prefix}:replicas <ms> <id>                the directory of replica ids
 //	ZREMRANGEBYSCORE / PEXPIRE {prefix}:replicas     trim ids silent for max(1 min, 10 TTL)
@@ -47,13 +49,38 @@
 // per-endpoint sum over the peers' hashes that exist (a missing hash is a
 // dead or departed replica); endpoints nobody else holds read 0.
 //
-// Why this layout: liveness is Redis's key expiry, on the Redis server's
-// clock, so clock skew between replicas cannot keep a dead replica counting;
-// the directory is a sorted set read in the same transaction instead of a
-// SCAN (which costs O(keyspace) and several round trips, and sees one shard
-// of a Cluster); the hash is rewritten whole inside MULTI, so a reader never
-// sees half of it. All keys share the hash tag {prefix}, so the transaction
-// is legal on Redis Cluster.
+// Why this layout: nothing shared depends on a replica's clock. Liveness
+// is Redis's key expiry, and the directory's scores and trim are Redis's
+// TIME read inside the script, so a replica whose clock is minutes off
+// still sees and is seen by every peer (TestClockSkewDoesNotHideReplicas:
+// clocks 2 minutes ahead and behind; when each replica scored the
+// directory with its own clock, the one ahead trimmed every peer and the
+// one behind was trimmed by them). The directory is a sorted set read in
+// the same script instead of a SCAN (which costs O(keyspace) and several
+// round trips, and sees one shard of a Cluster); the hash is rewritten whole
+// inside the script, so a reader never sees half of it. All keys share the
+// hash tag {prefix} and are passed as KEYS, so the script is legal on Redis
+// Cluster. A Sentinel failover to a server whose clock differs moves the
+// directory's scores by that difference; the one-minute GC age absorbs
+// small ones, and a replica trimmed by a large one re-adds itself at its
+// next sync.
+//
+// # Duplicate replica ids
+//
+// Two live instances started with one ReplicaID would overwrite one hash
+// every period, and the pool would silently undercount one of them. The
+// heartbeat field holds each instance's token (host/pid/random), and the
+// script returns what it found there before rewriting: when an instance
+// whose own write succeeded before finds another's token, that other wrote
+// in between. Both instances report it from their next sync on (chosen over
+// refusing the second: an instance cannot tell, at its first sync, a live
+// duplicate from a dead predecessor whose hash has not expired yet — a
+// restarted StatefulSet pod keeps its name — so refusing would refuse every
+// quick restart): Sync returns an error wrapping ErrDuplicateReplicaID that
+// names the other instance, one error line is logged when it starts and one
+// when it ends, and flowgate_shared_inflight_duplicate_id reads 1. The view
+// itself stays up (the exchange worked), and an instance leaving never
+// deletes a hash the other wrote last.
 //
 // The Redis work per sync grows with replicas × endpoints, so the pool's
 // load on Redis grows with the square of the replica count. Measured on the
@@ -73,7 +100,8 @@
 //   - When syncs fail (Redis down, slow, restarted, stopped), the replica
 //     keeps serving the others' last-fetched counts until they are older
 //     than TTL, then falls back to its own counts (at the first failed sync
-//     after that, so within TTL + min(100 ms, TTL/4)): State reports Down, the
+//     after that, so within TTL + min(100 ms, TTL/4) + that sync's
+//     timeout): State reports Down, the
 //     gauge flowgate_shared_inflight_up reads 0, and one log line records
 //     the transition (and one more when a sync succeeds again). Every sync
 //     is bounded by Timeout (< Period); failed ones are retried with a wait
@@ -84,20 +112,84 @@
 //     (redis.SetLogger); the host decides whether to keep those lines.
 //   - After a Redis restart the keys are gone; each replica rewrites its own
 //     within one Period, so for that Period a view may miss some peers.
-//   - A stalled Redis (SIGSTOP, a long fork) still holds the transactions
-//     of syncs that timed out, and runs them when it resumes, in any order
+//   - A stalled Redis (SIGSTOP, a long fork) still holds the scripts of
+//     syncs that timed out, and runs them when it resumes, in any order
 //     relative to newer ones: a replica's hash may briefly hold older
 //     counts until its next sync rewrites it (one Period), and a replica
 //     that left during the stall may reappear until its hash expires (TTL).
 //
-// The defaults (Period 5 ms, TTL 1 s) are argued at DefaultPeriod and
-// DefaultTTL.
+// The defaults (Period 5 ms, TTL 1 s, Timeout 50 ms) are argued at
+// DefaultPeriod, DefaultTTL and DefaultTimeout.
+//
+// # Two windows, measured
+//
+// Both follow from the TTL and both are deliberate; neither is a bug to
+// tune away, but an operator should know their size. Figures at the
+// defaults, on the shared 2-core dev machine on the night of 2026-12-01 (TestPhantomLoadWindow,
+// TestFrozenViewWindow; `go test -run 'PhantomLoad|FrozenView' -v`):
+//
+//   - Phantom load (fails closed). A SIGKILLed replica deletes nothing, so
+//     its in-flight requests stay in every survivor's view until Redis
+//     expires its hash (TTL − Period after its last publish) and the
+//     survivor's next sync: 0.995–1.013 s after the SIGKILL in 7 kills of a
+//     replica holding 100 requests (5 of them beside a CPU hog, load 17–18
+//     on 2 cores), against a lower bound of TTL − 2·Period = 0.99 s. During that window the
+//     survivors see more load than there is, so their gates err closed
+//     (they dispatch less). A replica that stops cleanly (SIGTERM, Run
+//     returning) deletes its hash and leaves at the others' next sync.
+//   - Frozen view (fails open). When Redis stalls (SIGSTOP, a long fork,
+//     a partition that drops packets), every sync times out and the
+//     replica serves the others' counts as last fetched — a peer's change
+//     during the stall is not seen — until they are TTL old; then it falls
+//     back to its own counts, at the first failed sync after that: 1.03–1.19 s
+//     after the SIGSTOP in 7 stalls (5 beside a CPU hog), within TTL + the
+//     longest backoff wait and its timeout (100 + 80 ms at the defaults). After the fallback a replica
+//     sees less load than there is, so its gate errs open (each replica
+//     alone keeps its own dispatches in check, as without sharing). When
+//     Redis answers again the view is shared again: 1–52 ms after SIGCONT
+//     in the same 7 stalls.
+//
+// # The sync timeout on a loaded node
+//
+// A sync's round trip is about 0.1 ms over loopback, but a gateway shares
+// its node: what a timeout must cover is the scheduling delay of the
+// gateway and of Redis on a busy machine. BenchmarkSyncFailureRate runs
+// Run's pacing against a real redis-server with 7 live peers, 2,000 syncs
+// per timeout; beside a CPU hog (a spinning process per core, the machine
+// also busy with other builds) on the night of 2026-12-01:
+//
+//	timeout                 failed syncs   p99 sync      slowest sync   (3 runs of 2,000 each, load 17–20 + hog)
+//	4 ms (the old default)  2.45–5.65 %    15.6–26.4 ms  45–70 ms
+//	10 ms                   1.00–6.05 %    17.8–38.9 ms  62–124 ms
+//	20 ms                   0.60–1.55 %    24.3–34.8 ms  56–93 ms
+//	50 ms (DefaultTimeout)  0–0.05 %       14.5–32.3 ms  36–65 ms
+//
+// Without the hog (the machine at load 18–22 from other builds), 2 runs:
+// 4 ms failed 2.50–2.65 %, 10 ms 0.25–1.20 %, 20 ms 0.15–0.60 %, 50 ms
+// 0–0.10 %. Command: go test ./saturation/redisshare -run '^$' -bench
+// SyncFailureRate -benchtime=2000x -count=3, beside
+// `for i in 1 2; do (while :; do :; done) & done`.
+//
+// The timeout is a deadline, not a wait: a sync that answers in 0.1 ms
+// takes 0.1 ms whatever it is. What a longer one costs is how stale the
+// view may get while one sync is slow (its duration, instead of 4 ms) and
+// how long Run's leave may take on the way out. Failures are counted in
+// flowgate_shared_inflight_sync_errors_total (timeouts also in
+// …_sync_timeouts_total) against …_syncs_total, and
+// …_sync_duration_seconds against …_sync_timeout_seconds shows how close
+// successful syncs come to it.
 //
 // # The client
 //
-// Give Options.Addr and the package creates a client tuned for the job
-// (timeouts equal to Timeout, no retries, two connections) and closes it in
-// Close. Give Options.Client instead for TLS, auth, Sentinel or Cluster; it
-// must have ContextTimeoutEnabled, or a stalled Redis holds the loop for the
-// client's socket timeout.
+// Give Options.Addr (one server, host:port) or Options.Redis (go-redis's
+// UniversalOptions: one server, Sentinel with MasterName, or Cluster; TLS,
+// username, password, DB) and the package creates a client tuned for the job
+// (timeouts from Timeout, no retries, two connections per server) and
+// closes it in Close. ParseURL builds Options.Redis from a redis:// or
+// rediss:// URL with go-redis's own parser for the mode (standalone,
+// sentinel, cluster). Give Options.Client instead for what those cannot
+// express; it must have ContextTimeoutEnabled, or a stalled Redis holds the
+// loop for the client's socket timeout. The script needs Redis 3.2 or
+// later (it calls redis.replicate_commands where that exists, so that its
+// writes may follow TIME); the tests run Redis 7.0.
 package redisshare

@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ErrInvalidConfig is wrapped by every error New returns for bad Options;
@@ -23,6 +21,15 @@ var ErrInvalidConfig = errors.New("redisshare: invalid configuration")
 // ErrRunning is returned by Run when the view is already running, and by
 // Close while it is.
 var ErrRunning = errors.New("redisshare: already running")
+
+// ErrDuplicateReplicaID is wrapped by the error Sync returns when another
+// live instance publishes under this replica's ReplicaID: both overwrite one
+// hash, so the pool undercounts by one replica's requests until one of them
+// is renamed. Each of the two reports it (Sync's error, one log line when it
+// starts and one when it ends, the gauge flowgate_shared_inflight_duplicate_id
+// and the counter flowgate_shared_inflight_duplicate_id_syncs_total); the
+// sync itself succeeded, so the view stays up.
+var ErrDuplicateReplicaID = errors.New("redisshare: duplicate replica id")
 
 // Defaults, each argued in its comment.
 const (
@@ -42,18 +49,35 @@ const (
 	// timed-out syncs never expire a live replica, while phantom load from a
 	// dead one lasts about as long as one short request.
 	DefaultTTL = time.Second
+	// DefaultTimeout bounds one sync's round trips. It is not tied to
+	// Period: syncs are serial, so a slow one only delays the next, and the
+	// view stays up through failed ones for TTL anyway. What a timeout must
+	// cover is a loaded node's scheduling delay, not the round trip (about
+	// 0.1 ms over loopback): beside a CPU hog on 2 cores, the 4 ms of
+	// earlier versions (4/5 of Period) failed 2.45–5.65 % of syncs, 20 ms
+	// 0.60–1.55 %, 50 ms 0–0.05 % (BenchmarkSyncFailureRate; the package
+	// doc has the table).
+	DefaultTimeout = 50 * time.Millisecond
 	// DefaultPrefix is the Redis key prefix.
 	DefaultPrefix = "flowgate:inflight"
 )
 
-// Options configures New. Set exactly one of Addr and Client, and ReplicaID.
+// Options configures New. Set exactly one of Addr, Redis and Client, and
+// ReplicaID.
 type Options struct {
 	// Addr is the Redis "host:port". New then creates and owns a client
 	// tuned for this job (each sync bounded by its context deadline, no
 	// retries: the next sync is the retry, at most two connections, no dial
 	// circuit breaker in practice), and Close closes it.
 	Addr string
-	// Client is an existing client, for TLS, auth, Sentinel or Cluster. The
+	// Redis is the connection (one server, Sentinel with MasterName, or
+	// Cluster; TLS, username, password, DB) of a client New creates and owns,
+	// as Addr does. ParseURL builds it from a redis:// or rediss:// URL. New
+	// works on a copy and overrides what this job needs tuned: the dial,
+	// read and write timeouts, retries, pool sizes, ContextTimeoutEnabled,
+	// client identity and maintenance notifications.
+	Redis *redis.UniversalOptions
+	// Client is an existing client, for settings Redis cannot express. The
 	// caller owns it and closes it after Run returns. It must honour context
 	// deadlines, or a stalled Redis stalls the sync loop for the client's
 	// socket timeout (go-redis's default is 3 s): New rejects a *redis.Client,
@@ -61,8 +85,9 @@ type Options struct {
 	// All keys share one hash tag, so a Cluster keeps them on one shard.
 	Client redis.UniversalClient
 	// ReplicaID names this replica among all those sharing Prefix; it must be
-	// unique (a pod name, a hostname plus a random suffix). Two replicas with
-	// one id overwrite each other's counts. Required; at most 256 bytes.
+	// unique (a pod name, a hostname plus a random suffix). Two live
+	// replicas with one id overwrite each other's counts; both then report
+	// it (ErrDuplicateReplicaID). Required; at most 256 bytes.
 	ReplicaID string
 	// Prefix scopes the keys: several independent pools can share one Redis
 	// under different prefixes. It must not contain '{' or '}' (it becomes the
@@ -77,17 +102,22 @@ type Options struct {
 	// sync past TTL). At least 4 Periods. Default DefaultTTL.
 	TTL time.Duration
 	// Timeout bounds one sync's Redis calls together (its one or two round
-	// trips, and a reconnection), so the loop never falls a period behind.
-	// Must be positive and shorter than Period. Default 4/5 of Period.
-	// While syncs fail, Run stretches the wait between them and this
-	// timeout in proportion (see Run).
+	// trips, and a reconnection). Syncs are serial: one that takes longer
+	// than Period delays the next rather than overlapping it. Must be
+	// positive and at most TTL/4, so several syncs fit in a TTL. Default
+	// DefaultTimeout (capped at TTL/4). While syncs fail, Run stretches the
+	// wait between them, and the timeout with it when the wait grows
+	// beyond it (see Run).
 	Timeout time.Duration
 	// Logger receives one line per transition between the shared view and
 	// the fallback to own counts. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for the staleness bookkeeping (the TTL of the
-	// others' counts). Default time.Now. Key expiry in Redis runs on the
-	// Redis server's clock and is not affected.
+	// others' counts): only differences between two of its readings matter,
+	// so its offset from other replicas' clocks does not. Default time.Now.
+	// Everything shared runs on the Redis server's clock: key expiry, and
+	// the directory of replicas, which a server-side script scores with
+	// Redis's TIME.
 	Now func() time.Time
 }
 
@@ -123,7 +153,8 @@ type InFlight struct {
 	id         string
 	key        string // this replica's hash: keyBase + id
 	keyBase    string // "{prefix}:replica:"
-	members    string // sorted set of replica ids, score = last publish (writer's clock, ms)
+	members    string // sorted set of replica ids, score = last publish (Redis's clock, ms)
+	instance   string // this process's token in the heartbeat, to tell a duplicate id
 	period     time.Duration
 	ttl        time.Duration
 	timeout    time.Duration
@@ -141,15 +172,20 @@ type InFlight struct {
 	mu  sync.Mutex
 	eps atomic.Pointer[map[string]*Endpoint]
 
-	syncMu sync.Mutex // one sync at a time; guards tr and known
-	tr     tracker
-	known  []string // peer ids from the last sync's member list
+	syncMu    sync.Mutex // one sync at a time; guards tr, known, published and dupWith
+	tr        tracker
+	known     []string // peer ids from the last sync's member list
+	published bool     // a sync of this InFlight has succeeded: its hash was written
+	dupWith   string   // the other instance seen under this id at the last sync, "" if none
 
 	running atomic.Bool
 	up      atomic.Bool
 	peers   atomic.Int64
 
 	syncs, syncErrors, badFields, underflows atomic.Int64
+	syncTimeouts, dupSyncs                   atomic.Int64
+	dup                                      atomic.Bool
+	syncSeconds                              histogram
 }
 
 // Endpoint is one backend endpoint's counts, a handle the request path keeps
@@ -174,8 +210,17 @@ func New(opts Options) (*InFlight, error) {
 	bad := func(format string, a ...any) (*InFlight, error) {
 		return nil, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	if (opts.Addr == "") == (opts.Client == nil) {
-		return bad("set exactly one of Options.Addr and Options.Client")
+	set := 0
+	for _, b := range []bool{opts.Addr != "", opts.Redis != nil, opts.Client != nil} {
+		if b {
+			set++
+		}
+	}
+	if set != 1 {
+		return bad("set exactly one of Options.Addr, Options.Redis and Options.Client")
+	}
+	if opts.Redis != nil && len(opts.Redis.Addrs) == 0 {
+		return bad("Options.Redis.Addrs is empty")
 	}
 	if opts.Client != nil && !honoursContext(opts.Client) {
 		return bad("Options.Client must have ContextTimeoutEnabled set, or a stalled Redis stalls the sync loop for the socket timeout")
@@ -202,10 +247,10 @@ func New(opts Options) (*InFlight, error) {
 		return bad("Options.TTL must be >= 4 Periods (%v), got %v", 4*opts.Period, opts.TTL)
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = opts.Period * 4 / 5
+		opts.Timeout = min(DefaultTimeout, opts.TTL/4)
 	}
-	if opts.Timeout <= 0 || opts.Timeout >= opts.Period {
-		return bad("Options.Timeout must be > 0 and < Period (%v), got %v", opts.Period, opts.Timeout)
+	if opts.Timeout <= 0 || opts.Timeout > opts.TTL/4 {
+		return bad("Options.Timeout must be > 0 and <= TTL/4 (%v), got %v", opts.TTL/4, opts.Timeout)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -215,22 +260,24 @@ func New(opts Options) (*InFlight, error) {
 	}
 	tag := "{" + opts.Prefix + "}"
 	s := &InFlight{
-		client:  opts.Client,
-		id:      opts.ReplicaID,
-		key:     tag + ":replica:" + opts.ReplicaID,
-		keyBase: tag + ":replica:",
-		members: tag + ":replicas",
-		period:  opts.Period,
-		ttl:     opts.TTL,
-		timeout: opts.Timeout,
+		client:   opts.Client,
+		id:       opts.ReplicaID,
+		key:      tag + ":replica:" + opts.ReplicaID,
+		keyBase:  tag + ":replica:",
+		members:  tag + ":replicas",
+		instance: newInstance(),
+		period:   opts.Period,
+		ttl:      opts.TTL,
+		timeout:  opts.Timeout,
 		// A peer fetches every Period, so a hash that expires Period before
 		// TTL has left every view within TTL of the writer's last publish
 		// (plus one round trip). A live writer renews it every Period, so it
 		// survives TTL - 2 Periods without a successful publish.
 		expiry: opts.TTL - opts.Period,
 		// The member list is only a directory (liveness is the hash's
-		// expiry); ids leave it long after their hash has expired, with a
-		// margin for clock skew between replicas.
+		// expiry); ids leave it long after their hash has expired. Its
+		// scores are Redis's clock, so replica clocks play no part; the
+		// margin is for a Sentinel failover to a server whose clock differs.
 		gcAge: max(time.Minute, 10*opts.TTL),
 		// Failed syncs back off up to this: recovery after Redis returns
 		// takes at most this long, and it leaves several retries within TTL.
@@ -239,34 +286,13 @@ func New(opts Options) (*InFlight, error) {
 		now:        opts.Now,
 		tr:         tracker{ttl: opts.TTL},
 	}
-	if opts.Addr != "" {
-		// Each sync's context deadline is what bounds it (Timeout, grown
-		// with the backoff while syncs fail); the socket timeouts only need
-		// to allow the largest of those.
-		sock := s.timeoutFor(s.maxBackoff)
-		s.client = redis.NewClient(&redis.Options{
-			Addr:                  opts.Addr,
-			DialTimeout:           sock,
-			DialerRetries:         1,
-			ReadTimeout:           sock,
-			WriteTimeout:          sock,
-			PoolTimeout:           sock,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            -1,
-			// Syncs are serial, so one connection is in use at a time (two
-			// while Run leaves). PoolSize is large only because go-redis also
-			// uses it as the threshold of its dial circuit breaker: after
-			// PoolSize failed dials it fails fast and probes once a second,
-			// which would delay recovery after a Redis restart by up to 1 s.
-			// 1000 failed dials is 5 s of refused connections at 5 ms.
-			PoolSize:           1000,
-			MaxActiveConns:     2,
-			MaxConcurrentDials: 1,
-			DisableIdentity:    true,
-			MaintNotificationsConfig: &maintnotifications.Config{
-				Mode: maintnotifications.ModeDisabled,
-			},
-		})
+	if opts.Client == nil {
+		u := &redis.UniversalOptions{Addrs: []string{opts.Addr}}
+		if opts.Redis != nil {
+			c := *opts.Redis // a copy: the caller's options are left as given
+			u = &c
+		}
+		s.client = redis.NewUniversalClient(s.tune(u))
 		s.ownClient = true
 	}
 	empty := map[string]*Endpoint{}
@@ -429,17 +455,19 @@ func (s *InFlight) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		begin := time.Now()
-		if s.sync(ctx, timeout) == nil { // outcomes are in State, the log and the metrics
+		// Outcomes are in State, the log and the metrics. A duplicate id
+		// is not a failed exchange: retrying sooner or later changes
+		// nothing, so it keeps the period.
+		if err := s.sync(ctx, timeout); err == nil || errors.Is(err, ErrDuplicateReplicaID) {
 			wait, timeout = s.period, s.timeout
 		} else {
 			// Back off exponentially to maxBackoff: N replicas retrying
 			// every 5 ms against a restarting Redis would be a reconnect
 			// storm, and go-redis logs every failed dial. The timeout grows
-			// in proportion (still shorter than the wait, so syncs never
-			// overlap): a failed sync costs the next one a dial and a
-			// handshake on top of the transaction, and on a loaded machine
-			// a timeout sized for the steady state could fail that every
-			// time.
+			// with the wait once the wait exceeds it: a failed sync costs
+			// the next one a dial and a handshake on top of the script,
+			// and on a loaded machine a timeout sized for the steady state
+			// could fail that every time.
 			wait = min(2*wait, s.maxBackoff)
 			timeout = s.timeoutFor(wait)
 		}
@@ -448,9 +476,9 @@ func (s *InFlight) Run(ctx context.Context) error {
 }
 
 // timeoutFor is the sync timeout when the wait between syncs is wait:
-// Timeout scaled by wait/Period, so it stays shorter than the wait.
+// Timeout, or 4/5 of the wait when that is longer.
 func (s *InFlight) timeoutFor(wait time.Duration) time.Duration {
-	return time.Duration(float64(s.timeout) * float64(wait) / float64(s.period))
+	return max(s.timeout, wait*4/5)
 }
 
 // Close closes the client New created from Options.Addr (a caller's Client
@@ -469,11 +497,7 @@ func (s *InFlight) Close() error {
 // leave deletes this replica's key and drops the shared view.
 func (s *InFlight) leave(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
-	_, _ = s.client.TxPipelined(lctx, func(p redis.Pipeliner) error {
-		p.Del(lctx, s.key)
-		p.ZRem(lctx, s.members, s.id)
-		return nil
-	})
+	_ = leaveScript.Run(lctx, s.client, []string{s.key, s.members}, s.id, s.instance).Err()
 	cancel()
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
@@ -490,7 +514,10 @@ func (s *InFlight) leave(ctx context.Context) {
 // Sync runs one cycle now: publish this replica's counts, fetch the others',
 // update the view. Run calls it every Period; tests and simulations may call
 // it directly instead of Run. It returns the Redis error, if any; the view
-// already reflects it (kept until stale beyond TTL, then dropped).
+// already reflects it (kept until stale beyond TTL, then dropped). After a
+// successful exchange it returns an error wrapping ErrDuplicateReplicaID when
+// another live instance publishes under this ReplicaID; the view is updated
+// all the same.
 func (s *InFlight) Sync(ctx context.Context) error { return s.sync(ctx, s.timeout) }
 
 // sync is Sync with the Redis calls bounded by timeout.
@@ -498,10 +525,17 @@ func (s *InFlight) sync(ctx context.Context, timeout time.Duration) error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	start := s.now()
-	snaps, err := s.exchange(ctx, start, timeout)
+	// The duration metric is real elapsed time, whatever clock the
+	// staleness bookkeeping was given.
+	began := time.Now()
+	snaps, prevInstance, err := s.exchange(ctx, timeout)
+	s.syncSeconds.observe(time.Since(began))
 	s.syncs.Add(1)
 	if err != nil {
 		s.syncErrors.Add(1)
+		if isTimeout(err) {
+			s.syncTimeouts.Add(1)
+		}
 	}
 	was := s.tr.lastOK
 	others, up, changed := s.tr.observe(start, snaps, err)
@@ -521,7 +555,42 @@ func (s *InFlight) sync(ctx context.Context, timeout time.Duration) error {
 		s.log.Warn("redisshare: shared in-flight view down; routing on this replica's own counts",
 			"replica", s.id, "err", err, "last_sync_age", start.Sub(was))
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return s.checkDuplicate(prevInstance)
+}
+
+// checkDuplicate judges what this sync's script found in this replica's
+// hash before rewriting it. Another instance's token there, after a sync of
+// this one has succeeded, means it wrote under this id in between: a live
+// duplicate. Before this instance's first success the hash may be a dead
+// predecessor's (a restarted pod keeps its name) that has not expired yet,
+// so that is not judged; a live duplicate is caught one sync later, by
+// both. A missing hash (expired during an outage, or Redis restarted) is
+// not a duplicate either.
+func (s *InFlight) checkDuplicate(prevInstance string) error {
+	other := ""
+	if s.published && prevInstance != "" && prevInstance != s.instance {
+		other = prevInstance
+	}
+	s.published = true
+	was := s.dupWith
+	s.dupWith = other
+	s.dup.Store(other != "")
+	switch {
+	case other != "" && was == "":
+		s.log.Error("redisshare: duplicate replica id: another instance publishes under this id, so both overwrite one hash and the pool undercounts; give each replica a unique id",
+			"replica", s.id, "instance", s.instance, "other_instance", other)
+	case other == "" && was != "":
+		s.log.Info("redisshare: duplicate replica id resolved: only this instance publishes under it",
+			"replica", s.id, "instance", s.instance)
+	}
+	if other == "" {
+		return nil
+	}
+	s.dupSyncs.Add(1)
+	return fmt.Errorf("%w %q: instance %s also publishes under it (this one is %s)", ErrDuplicateReplicaID, s.id, other, s.instance)
 }
 
 // apply stores the others' sums into the endpoints: absent names read 0 (an
@@ -537,87 +606,6 @@ func (s *InFlight) apply(others map[string]int64) {
 	for name, e := range *s.eps.Load() {
 		e.others.Store(others[name])
 	}
-}
-
-// exchange is one sync's Redis traffic. One MULTI/EXEC transaction (one
-// round trip) replaces this replica's hash (DEL + HSET, so endpoints it no
-// longer holds disappear, and readers never see a half-written hash),
-// renews its expiry, records it in the member directory, trims the
-// directory, and reads the directory plus the hashes of the peers the last
-// sync listed. Peers new in the directory are read in a second round trip
-// in the same sync, so a new replica is visible within one period of its
-// first publish. Both round trips share one Timeout.
-func (s *InFlight) exchange(ctx context.Context, start time.Time, timeout time.Duration) ([]map[string]int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	nowMs := start.UnixMilli()
-	fields := []any{heartbeatField, strconv.FormatInt(nowMs, 10)}
-	for name, e := range *s.eps.Load() {
-		if n := e.own.Load(); n > 0 && name != heartbeatField {
-			fields = append(fields, name, formatCount(min(n, MaxCount)))
-		}
-	}
-	known := s.known
-	var dir *redis.StringSliceCmd
-	hashes := make([]*redis.MapStringStringCmd, len(known))
-	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, s.key)
-		p.HSet(ctx, s.key, fields...)
-		p.PExpire(ctx, s.key, s.expiry)
-		p.ZAdd(ctx, s.members, redis.Z{Score: float64(nowMs), Member: s.id})
-		p.ZRemRangeByScore(ctx, s.members, "-inf", "("+strconv.FormatInt(nowMs-s.gcAge.Milliseconds(), 10))
-		p.PExpire(ctx, s.members, s.gcAge)
-		dir = p.ZRange(ctx, s.members, 0, -1)
-		for i, id := range known {
-			hashes[i] = p.HGetAll(ctx, s.peerKey(id))
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	var snaps []map[string]int64
-	add := func(h map[string]string) {
-		if len(h) == 0 { // expired (dead) or deleted (left)
-			return
-		}
-		counts, bad := parseSnapshot(h)
-		s.badFields.Add(int64(bad))
-		snaps = append(snaps, counts)
-	}
-	for _, c := range hashes {
-		add(c.Val())
-	}
-	ids := dir.Val()
-	var fresh []string
-	next := make([]string, 0, len(ids))
-	for _, id := range ids {
-		if id == s.id {
-			continue
-		}
-		next = append(next, id)
-		if !slices.Contains(known, id) {
-			fresh = append(fresh, id)
-		}
-	}
-	if len(fresh) > 0 {
-		more := make([]*redis.MapStringStringCmd, len(fresh))
-		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range fresh {
-				more[i] = p.HGetAll(ctx, s.peerKey(id))
-			}
-			return nil
-		})
-		if err != nil {
-			// Keep s.known: the fresh ids are retried next sync.
-			return nil, err
-		}
-		for _, c := range more {
-			add(c.Val())
-		}
-	}
-	s.known = next
-	return snaps, nil
 }
 
 func (s *InFlight) peerKey(id string) string { return s.keyBase + id }

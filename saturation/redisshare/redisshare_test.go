@@ -78,17 +78,25 @@ func newReplica(t *testing.T, addr, id string) *replica {
 	return newReplicaPeriod(t, addr, id, testPeriod)
 }
 
-// newSyncedReplica is for tests that call Sync by hand: the period only sets
-// the per-sync timeout then, and a generous one keeps a loaded machine's
-// first dial from failing the test.
+// newSyncedReplica is for tests that call Sync by hand: a generous per-sync
+// timeout (500 ms, TTL/4) keeps a loaded machine's first dial, or a -race
+// run beside a CPU hog, from failing the test.
 func newSyncedReplica(t *testing.T, addr, id string) *replica {
 	return newReplicaPeriod(t, addr, id, 500*time.Millisecond)
 }
 
+// newReplicaPeriod is a replica syncing every period with TTL max(testTTL,
+// 4 periods); a period of 50 ms or more also gets the longest timeout the
+// TTL allows (TTL/4), the default's 50 ms otherwise.
 func newReplicaPeriod(t *testing.T, addr, id string, period time.Duration) *replica {
 	t.Helper()
 	sink := &logSink{}
-	v, err := New(Options{Addr: addr, ReplicaID: id, Period: period, TTL: max(testTTL, 4*period), Logger: slog.New(sink)})
+	ttl := max(testTTL, 4*period)
+	var timeout time.Duration
+	if period >= 50*time.Millisecond {
+		timeout = ttl / 4
+	}
+	v, err := New(Options{Addr: addr, ReplicaID: id, Period: period, TTL: ttl, Timeout: timeout, Logger: slog.New(sink)})
 	require.NoError(t, err)
 	r := &replica{sharedView: v, log: sink, reg: prometheus.NewPedanticRegistry(), stop: func() {}}
 	r.reg.MustRegister(v.Collector())
@@ -292,7 +300,7 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 
 	// The same request-path loop runs for 1 s with Redis healthy (control),
 	// then through the stall. A call that waited on Redis would take at least
-	// the 4 ms sync timeout each period, or the whole 2 s without timeouts;
+	// the sync timeout each period, or the whole 2 s without timeouts;
 	// what the control also shows (a few rounds over 1 ms when the OS
 	// deschedules this process on a shared 2-core machine) is not blocking.
 	ep := a.Endpoint("x")
@@ -323,7 +331,7 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 	require.Positive(t, r.calls)
 	// A request path that called Redis, or shared a lock with the sync
 	// loop, would spend most of the stall inside slow rounds (the loop is
-	// inside a timed-out call 4 ms of every 5). Scheduling noise puts time
+	// inside a timed-out call most of the stall). Scheduling noise puts time
 	// there too — over a second of the 2 s once on this 2-core machine
 	// under a CI run beside benchmarks — but the same noise reaches the
 	// private loop beside it, so the bound is relative to that loop.
@@ -463,7 +471,10 @@ func TestInvalidConfig(t *testing.T) {
 		{Options{Addr: "x:1", ReplicaID: "a", Period: time.Microsecond}, "Options.Period"},
 		{Options{Addr: "x:1", ReplicaID: "a", Period: -time.Second}, "Options.Period"},
 		{Options{Addr: "x:1", ReplicaID: "a", TTL: 10 * time.Millisecond}, "Options.TTL"},
-		{Options{Addr: "x:1", ReplicaID: "a", Timeout: 5 * time.Millisecond}, "Options.Timeout"},
+		{Options{Addr: "x:1", ReplicaID: "a", Timeout: 251 * time.Millisecond}, "Options.Timeout"},
+		{Options{Addr: "x:1", ReplicaID: "a", TTL: 40 * time.Millisecond, Period: 10 * time.Millisecond, Timeout: 11 * time.Millisecond}, "Options.Timeout"},
+		{Options{Addr: "x:1", Redis: &redis.UniversalOptions{Addrs: []string{"x:1"}}, ReplicaID: "a"}, "Options.Redis"},
+		{Options{Redis: &redis.UniversalOptions{}, ReplicaID: "a"}, "Options.Redis.Addrs"},
 		{Options{Addr: "x:1", ReplicaID: "a", Timeout: -1}, "Options.Timeout"},
 	} {
 		v, err := New(tc.o)
@@ -552,7 +563,8 @@ func TestFallbackOnInjectedClock(t *testing.T) {
 	defer client.Close()
 	clock := &fakeClock{t: t0}
 	sink := &logSink{}
-	a, err := New(Options{Client: client, ReplicaID: "a", Period: 100 * time.Millisecond, TTL: 2 * time.Second, Now: clock.Now, Logger: slog.New(sink)})
+	a, err := New(Options{Client: client, ReplicaID: "a", Period: 100 * time.Millisecond, TTL: 2 * time.Second, Timeout: 500 * time.Millisecond,
+		Now: clock.Now, Logger: slog.New(sink)})
 	require.NoError(t, err)
 	b := newSyncedReplica(t, srv.Addr(), "b")
 	b.Add("x", 4)

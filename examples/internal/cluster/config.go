@@ -27,6 +27,12 @@ const (
 	// band) with llmd.NewStatic(1.0) or llmd.NewSoftReflective().
 	LLMDStatic         = "llmd-static"
 	LLMDSoftReflective = "llmd-soft-reflective"
+	// PriorityHoldback and LLMDPriorityHoldback are llm-d's priority-holdback-policy
+	// with Config.Holdback's ceilings: flowgate's flowcontrol.PriorityHoldback in
+	// flowcontrol.Dispatcher, and llm-d parity (llmd.NewPriorityHoldback in
+	// llmd.Dispatcher).
+	PriorityHoldback     = "priority-holdback"
+	LLMDPriorityHoldback = "llmd-priority-holdback"
 	// Floor is the same critical arrivals with no sheddable traffic, dispatched on
 	// arrival: the physical lower bound of critical latency.
 	Floor = "floor"
@@ -34,7 +40,7 @@ const (
 
 // Policies lists every policy name, in the order the simulator reports them.
 func Policies() []string {
-	return []string{Floor, None, LLMDStatic, LLMDSoftReflective, Static, SoftReflective}
+	return []string{Floor, None, LLMDStatic, LLMDSoftReflective, LLMDPriorityHoldback, Static, SoftReflective, PriorityHoldback}
 }
 
 // Routing names: how a gateway picks the replica for a request it dispatches.
@@ -66,8 +72,23 @@ func knownPolicy(p string) bool {
 	return false
 }
 
-func (c Config) flowgate() bool { return c.Policy == Static || c.Policy == SoftReflective }
-func (c Config) llmd() bool     { return c.Policy == LLMDStatic || c.Policy == LLMDSoftReflective }
+func (c Config) flowgate() bool {
+	return c.Policy == Static || c.Policy == SoftReflective || c.Policy == PriorityHoldback
+}
+func (c Config) llmd() bool {
+	return c.Policy == LLMDStatic || c.Policy == LLMDSoftReflective || c.Policy == LLMDPriorityHoldback
+}
+
+// DefaultHoldback is the holdback policies' configuration when Config.Holdback is
+// the zero value: llm-d's rank domain, maxCeiling 1 (its default) and minCeiling
+// 0.5 (llm-d has no default; see examples/sim/README.md for the choice).
+func DefaultHoldback() flowcontrol.HoldbackConfig {
+	return flowcontrol.HoldbackConfig{Domain: flowcontrol.HoldbackRank, MinCeiling: 0.5, MaxCeiling: 1}
+}
+
+// bandPriorities are the priority values of the simulator's two bands (critical,
+// sheddable) for the holdback policies' value and explicit domains.
+var bandPriorities = []int{1, 0}
 
 // Config is one experiment. Zero values of optional fields take the defaults noted.
 type Config struct {
@@ -150,6 +171,10 @@ type Config struct {
 	// LLMDTTL is the llm-d parity gateway's request TTL (0 = none), enforced by the
 	// 1 s sweep.
 	LLMDTTL time.Duration
+	// Holdback configures PriorityHoldback and LLMDPriorityHoldback over the two
+	// bands, critical at priority 1 and sheddable at 0. The zero value means
+	// DefaultHoldback().
+	Holdback flowcontrol.HoldbackConfig
 
 	// noSkip makes every gateway tick on every tick of the run (tests compare it with
 	// the skipping loop, which must give the same result).
@@ -199,6 +224,9 @@ func (c Config) withDefaults() Config {
 	if c.CatchUp == 0 {
 		c.CatchUp = 4096
 	}
+	if c.Holdback.Domain == "" && c.Holdback.Shape == "" && c.Holdback.MinCeiling == 0 && c.Holdback.MaxCeiling == 0 && c.Holdback.Ceilings == nil {
+		c.Holdback = DefaultHoldback()
+	}
 	return c
 }
 
@@ -246,6 +274,11 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: ClientTimeout %v must be >= 0", ErrInvalidConfig, c.ClientTimeout)
 	case c.LLMDTTL < 0:
 		return fmt.Errorf("%w: LLMDTTL %v must be >= 0", ErrInvalidConfig, c.LLMDTTL)
+	}
+	if c.Policy == PriorityHoldback || c.Policy == LLMDPriorityHoldback {
+		if _, err := flowcontrol.HoldbackCeilings(c.Holdback, bandPriorities); err != nil {
+			return fmt.Errorf("%w: Holdback: %v", ErrInvalidConfig, err)
+		}
 	}
 	return nil
 }

@@ -156,6 +156,8 @@ type sim struct {
 	// signal holds what the anticipating saturation signal and the step-time
 	// bound read (signal.go).
 	signal signalState
+	// llmdCeilings are LLMDPriorityHoldback's fixed ceilings, for regime.
+	llmdCeilings []float64
 }
 
 func (s *sim) push(at int64, k evKind, idx int32) {
@@ -251,6 +253,20 @@ func run(cfg Config) (*sim, error) {
 		s.policy = flowcontrol.NewStatic(flowcontrol.DefaultStaticThreshold)
 	} else if cfg.Policy == SoftReflective {
 		s.policy = flowcontrol.NewSoftReflective()
+	} else if cfg.Policy == PriorityHoldback {
+		c, err := flowcontrol.HoldbackCeilings(cfg.Holdback, bandPriorities)
+		if err == nil {
+			s.policy, err = flowcontrol.NewPriorityHoldbackCeilings(c)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: Holdback: %v", ErrInvalidConfig, err)
+		}
+	} else if cfg.Policy == LLMDPriorityHoldback {
+		c, err := flowcontrol.HoldbackCeilings(cfg.Holdback, bandPriorities)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Holdback: %v", ErrInvalidConfig, err)
+		}
+		s.llmdCeilings = c
 	}
 	cfg.Replica.PriorityScheduling = cfg.BackendPriority
 	for range cfg.Replicas {
@@ -392,9 +408,16 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 		return err
 	case cfg.llmd():
 		var p llmd.UsageLimitPolicy = llmd.NewStatic(llmd.DefaultThreshold)
-		if cfg.Policy == LLMDSoftReflective {
+		switch cfg.Policy {
+		case LLMDSoftReflective:
 			gw.llmdSoft = llmd.NewSoftReflective()
 			p = gw.llmdSoft
+		case LLMDPriorityHoldback:
+			h, err := llmd.NewPriorityHoldback(cfg.Holdback, bandPriorities)
+			if err != nil {
+				return err
+			}
+			p = h
 		}
 		band := flowcontrol.BandConfig{Capacity: cfg.Capacity, MaxWait: cfg.LLMDTTL}
 		l, err := llmd.NewDispatcher(llmd.DispatcherConfig[int32]{
@@ -439,8 +462,12 @@ func regimeOf(g flowcontrol.Gate) int {
 // Floor always 0.
 func (s *sim) regime(sat float64) int {
 	switch s.cfg.Policy {
-	case Static, SoftReflective:
+	case Static, SoftReflective, PriorityHoldback:
 		return regimeOf(s.policy.Gate(BandSheddable, bands, sat))
+	case LLMDPriorityHoldback:
+		if sat >= s.llmdCeilings[BandSheddable] {
+			return 2
+		}
 	case LLMDStatic:
 		if sat >= llmd.DefaultThreshold {
 			return 2

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -23,6 +24,7 @@ import (
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/saturation"
 	"github.com/flowgate/flowgate/saturation/redisshare"
+	"github.com/redis/go-redis/v9"
 )
 
 // The YAML file the proxy reads with -config. Its shape follows llm-d's
@@ -47,7 +49,7 @@ import (
 //	  scrapeInterval: 50ms
 //	  inFlightCredit: true
 //	sharedInFlight:            # optional: share in-flight counts with other replicas
-//	  address: redis:6379
+//	  address: redis:6379      # or url: rediss://:password@redis:6380/2 (and mode: sentinel|cluster)
 //	  replicaId: gateway-0     # unique per replica (or -replica-id)
 //	  period: 5ms
 //	  ttl: 1s
@@ -57,7 +59,9 @@ import (
 // descending priority, so the highest becomes band 0, the one that is never
 // gated. usageLimitPolicyPluginRef names either a plugin declared under
 // plugins (by its name) or a registered policy type directly, with its default
-// parameters.
+// parameters (priority-holdback-policy has none for minCeiling, so it must be
+// declared: parameters shape, domain, minCeiling, maxCeiling, ceilings, as
+// llm-d reads them).
 
 // fileConfig is the document as written; every field is optional. It is
 // llm-d's EndpointPickerConfig: the sections flowgate has no use for
@@ -143,6 +147,8 @@ type fileSaturationDetector struct {
 // with the other gateway replicas through Redis (package redisshare).
 type fileSharedInFlight struct {
 	Address   string         `yaml:"address"`
+	URL       string         `yaml:"url"`
+	Mode      string         `yaml:"mode"`
 	ReplicaID string         `yaml:"replicaId"`
 	Period    *time.Duration `yaml:"period"`
 	TTL       *time.Duration `yaml:"ttl"`
@@ -152,6 +158,7 @@ type fileSharedInFlight struct {
 const (
 	policyStatic         = "static-usage-limit-policy"
 	policySoftReflective = "soft-reflective-ceiling-policy"
+	policyHoldback       = "priority-holdback-policy"
 )
 
 // Limits of a configuration: every band's queue is allocated at start, so
@@ -200,6 +207,11 @@ type Band struct {
 type PolicyRef struct {
 	Type      string
 	Threshold float64 // static-usage-limit-policy only
+	// Holdback is priority-holdback-policy's parameters, and Ceilings the
+	// ceiling they give each band (band 0 first), computed from the bands'
+	// priorities when the file is read.
+	Holdback flowcontrol.HoldbackConfig
+	Ceilings []float64
 }
 
 // SaturationConfig configures the metrics poller.
@@ -220,13 +232,22 @@ type SaturationConfig struct {
 // SharedConfig configures the in-flight view shared with the other gateway
 // replicas through Redis (package saturation/redisshare). Only the per-backend
 // in-flight counts are shared; queues, bands and the dispatcher stay local.
-// The zero value (Address "") is off: the proxy routes and credits on its
+// The zero value (Address and URL "") is off: the proxy routes and credits on its
 // own counts.
 type SharedConfig struct {
-	// Address is the Redis "host:port"; "" turns sharing off.
+	// Address is the Redis "host:port" (one server, no auth, no TLS).
+	// Sharing is on when Address or URL is set, never both.
 	Address string
+	// URL is a Redis URL read by go-redis's parser for Mode (see
+	// redisshare.ParseURL): redis://[user:password@]host[:port][/db],
+	// rediss:// for TLS; for Sentinel, more Sentinels as addr=host:port
+	// and master_name=NAME; for Cluster, more nodes as addr=host:port.
+	URL string
+	// Mode is how URL is read: redisshare.ModeStandalone ("" too),
+	// ModeSentinel or ModeCluster.
+	Mode string
 	// ReplicaID names this replica among those sharing the Redis; it must
-	// be unique (a pod name). Required when Address is set.
+	// be unique (a pod name). Required when sharing is on.
 	ReplicaID string
 	// Period between two syncs with Redis. Default redisshare.DefaultPeriod.
 	Period time.Duration
@@ -238,7 +259,16 @@ type SharedConfig struct {
 }
 
 // Enabled reports whether sharing is on.
-func (s SharedConfig) Enabled() bool { return s.Address != "" }
+func (s SharedConfig) Enabled() bool { return s.Address != "" || s.URL != "" }
+
+// RedisOptions returns the connection for redisshare.Options.Redis: URL
+// read for Mode, or Address as one server. Validate has checked both.
+func (s SharedConfig) RedisOptions() (*redis.UniversalOptions, error) {
+	if s.URL != "" {
+		return redisshare.ParseURL(s.URL, s.Mode)
+	}
+	return &redis.UniversalOptions{Addrs: []string{s.Address}}, nil
+}
 
 // Validate fills the defaults and checks the settings, naming each field as
 // names does (the file's paths, or the proxy's flags).
@@ -250,13 +280,38 @@ func (s *SharedConfig) Validate(names SharedFieldNames) error {
 		s.TTL = redisshare.DefaultTTL
 	}
 	if !s.Enabled() {
-		if s.ReplicaID != "" {
+		switch {
+		case s.ReplicaID != "":
 			return fmt.Errorf("%s: set without %s", names.ReplicaID, names.Address)
+		case s.Mode != "":
+			return fmt.Errorf("%s: set without %s", names.Mode, names.URL)
 		}
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(s.Address); err != nil {
-		return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, err)
+	switch {
+	case s.Address != "" && s.URL != "":
+		return fmt.Errorf("%s: set beside %s; give one", names.URL, names.Address)
+	case s.Address != "" && strings.Contains(s.Address, "://"):
+		return fmt.Errorf("%s: a URL; give it as %s (%s is a host:port)", names.Address, names.URL, names.Address)
+	case s.Address != "" && s.Mode != "":
+		return fmt.Errorf("%s: applies to %s only; %s is one server", names.Mode, names.URL, names.Address)
+	case s.Address != "":
+		if _, _, err := net.SplitHostPort(s.Address); err != nil {
+			return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, err)
+		}
+	default:
+		switch s.Mode {
+		case "", redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster:
+		default:
+			return fmt.Errorf("%s: must be %s, %s or %s, got %q", names.Mode,
+				redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster, s.Mode)
+		}
+		if _, err := redisshare.ParseURL(s.URL, s.Mode); err != nil {
+			// ParseURL's message never repeats the URL (it may hold a
+			// password); drop its package prefix for the field's.
+			msg := strings.TrimPrefix(err.Error(), redisshare.ErrInvalidConfig.Error()+": ")
+			return fmt.Errorf("%s: %s", names.URL, msg)
+		}
 	}
 	switch {
 	case s.ReplicaID == "":
@@ -272,10 +327,11 @@ func (s *SharedConfig) Validate(names SharedFieldNames) error {
 }
 
 // SharedFieldNames are the names Validate gives the fields in its errors.
-type SharedFieldNames struct{ Address, ReplicaID, Period, TTL string }
+type SharedFieldNames struct{ Address, URL, Mode, ReplicaID, Period, TTL string }
 
 // SharedFileFields names the fields as the YAML file writes them.
-var SharedFileFields = SharedFieldNames{Address: "sharedInFlight.address", ReplicaID: "sharedInFlight.replicaId",
+var SharedFileFields = SharedFieldNames{Address: "sharedInFlight.address", URL: "sharedInFlight.url",
+	Mode: "sharedInFlight.mode", ReplicaID: "sharedInFlight.replicaId",
 	Period: "sharedInFlight.period", TTL: "sharedInFlight.ttl"}
 
 // Config is the validated proxy configuration.
@@ -658,7 +714,7 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	for i, p := range fc.Plugins {
 		path := fmt.Sprintf("plugins[%d]", i)
 		if p.Type == "" {
-			return Config{}, fieldError(root, path+".type", "required (%s or %s)", policyStatic, policySoftReflective)
+			return Config{}, fieldError(root, path+".type", "required (%s, %s or %s)", policyStatic, policySoftReflective, policyHoldback)
 		}
 		name := p.Name
 		if name == "" {
@@ -687,6 +743,12 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 				}
 				ref.Threshold = *t
 			}
+		case policyHoldback:
+			h, err := holdbackParams(root, &p.Parameters, path+".parameters")
+			if err != nil {
+				return Config{}, err
+			}
+			ref.Holdback = h
 		case policySoftReflective:
 			if p.Parameters.Kind == yaml.MappingNode && len(p.Parameters.Content) > 0 {
 				k := p.Parameters.Content[0]
@@ -704,8 +766,8 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			queuePlugins[name] = p.Type
 			continue
 		default:
-			warn("%s (line %d): plugin type %q ignored (flowgate implements %s, %s and %s)", path, lineOf(root, path),
-				p.Type, policyStatic, policySoftReflective, detectorUtilization)
+			warn("%s (line %d): plugin type %q ignored (flowgate implements %s, %s, %s and %s)", path, lineOf(root, path),
+				p.Type, policyStatic, policySoftReflective, policyHoldback, detectorUtilization)
 			continue
 		}
 		plugins[name] = ref
@@ -720,11 +782,17 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
 		case ref == policySoftReflective:
 			cfg.Policy = PolicyRef{Type: policySoftReflective}
+		case ref == policyHoldback:
+			// llm-d has no default minCeiling either: the policy
+			// must be declared with its parameters.
+			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef",
+				"%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
 		default:
 			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef",
-				"%q is neither a declared policy plugin nor a policy type (%s, %s)", ref, policyStatic, policySoftReflective)
+				"%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
 		}
 	}
+	holdbackRef := fcf.UsageLimitPolicyPluginRef // the plugin whose ceilings are computed once the bands are known
 
 	// The saturation detector: llm-d's utilization-detector parameters,
 	// then flowgate's own saturationDetector section over them.
@@ -1016,10 +1084,10 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	}
 	if sh := fc.SharedInFlight; sh != nil {
 		path := "sharedInFlight"
-		if sh.Address == "" {
-			return Config{}, fieldError(root, path+".address", "required in a sharedInFlight section (the Redis host:port)")
+		if sh.Address == "" && sh.URL == "" {
+			return Config{}, fieldError(root, path+".address", "required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
 		}
-		cfg.Shared = SharedConfig{Address: sh.Address, ReplicaID: sh.ReplicaID}
+		cfg.Shared = SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
 		if sh.Period != nil {
 			if *sh.Period <= 0 {
 				return Config{}, fieldError(root, path+".period", "must be > 0, got %v", *sh.Period)
@@ -1048,11 +1116,143 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			return Config{}, fieldError(root, field, "%s", msg)
 		}
 	}
+	if cfg.Policy.Type == policyHoldback {
+		prios := make([]int, len(cfg.Bands))
+		for i, b := range cfg.Bands {
+			prios[i] = b.Priority
+		}
+		c, err := flowcontrol.HoldbackCeilings(cfg.Policy.Holdback, prios)
+		if err != nil {
+			// holdbackParams checked the parameters and the bands'
+			// priorities are distinct and sorted: not reached unless
+			// the two disagree.
+			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef", "%s: %v", holdbackRef, err)
+		}
+		cfg.Policy.Ceilings = c
+	}
 	if cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
 		return Config{}, fieldError(root, "saturationDetector.scrapeInterval",
 			"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", cfg.Saturation.MetricsStalenessThreshold)
 	}
 	return cfg, nil
+}
+
+// holdbackParams reads priority-holdback-policy's parameters as llm-d does:
+// shape (linear), domain (rank, value or explicit; default rank), minCeiling
+// (required, in [0, 1)) and maxCeiling (default 1, in (0, 1], above
+// minCeiling), or with domain explicit only ceilings (priority → ceiling in
+// [0, 1], not increasing as priority falls). Errors name the key.
+func holdbackParams(root, n *yaml.Node, path string) (flowcontrol.HoldbackConfig, error) {
+	var h flowcontrol.HoldbackConfig
+	if err := checkKeys(root, n, path, "shape", "domain", "minCeiling", "maxCeiling", "ceilings"); err != nil {
+		return h, err
+	}
+	var params struct {
+		Shape      *string   `yaml:"shape"`
+		Domain     *string   `yaml:"domain"`
+		MinCeiling *float64  `yaml:"minCeiling"`
+		MaxCeiling *float64  `yaml:"maxCeiling"`
+		Ceilings   yaml.Node `yaml:"ceilings"` // read below: its keys are priorities
+	}
+	if err := decodeNode(n, path, &params); err != nil {
+		return h, err
+	}
+	ceilings, err := holdbackMap(root, &params.Ceilings, path+".ceilings")
+	if err != nil {
+		return h, err
+	}
+	h.Domain = flowcontrol.HoldbackRank
+	if d := params.Domain; d != nil {
+		switch *d {
+		case flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit:
+			h.Domain = *d
+		default:
+			return h, fieldError(root, path+".domain", "must be %s, %s or %s, got %q",
+				flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit, *d)
+		}
+	}
+	if h.Domain == flowcontrol.HoldbackExplicit {
+		for _, k := range []struct {
+			key string
+			set bool
+		}{{"shape", params.Shape != nil}, {"minCeiling", params.MinCeiling != nil}, {"maxCeiling", params.MaxCeiling != nil}} {
+			if k.set {
+				return h, fieldError(root, path+"."+k.key, "must not be set with domain %s (the ceilings are given)", flowcontrol.HoldbackExplicit)
+			}
+		}
+		if len(ceilings) == 0 {
+			return h, fieldError(root, path+".ceilings", "required with domain %s (a map of priority to ceiling)", flowcontrol.HoldbackExplicit)
+		}
+		prios := slices.Sorted(maps.Keys(ceilings))
+		for i := len(prios) - 2; i >= 0; i-- {
+			lo, hi := prios[i], prios[i+1]
+			if ceilings[lo] > ceilings[hi] {
+				return h, fieldError(root, fmt.Sprintf("%s.ceilings.%d", path, lo),
+					"%v is above the ceiling of the higher priority %d (%v): ceilings must not increase as priority falls",
+					ceilings[lo], hi, ceilings[hi])
+			}
+		}
+		h.Ceilings = ceilings
+		return h, nil
+	}
+	if params.Ceilings.Kind != 0 {
+		return h, fieldError(root, path+".ceilings", "only with domain %s", flowcontrol.HoldbackExplicit)
+	}
+	if sh := params.Shape; sh != nil && *sh != flowcontrol.HoldbackLinear {
+		return h, fieldError(root, path+".shape", "must be %s (the only shape), got %q", flowcontrol.HoldbackLinear, *sh)
+	}
+	if params.MinCeiling == nil {
+		// Named at the parameters (or the plugin, without any): the key
+		// itself is not there to point at.
+		at := path
+		if n.Kind == 0 {
+			at = strings.TrimSuffix(path, ".parameters")
+		}
+		return h, fieldError(root, at, "minCeiling is required (the lowest band's ceiling, in [0, 1): llm-d has no default)")
+	}
+	h.MinCeiling = *params.MinCeiling
+	if !(h.MinCeiling >= 0 && h.MinCeiling < 1) {
+		return h, fieldError(root, path+".minCeiling", "must be in [0, 1), got %v", h.MinCeiling)
+	}
+	h.MaxCeiling = flowcontrol.DefaultHoldbackMaxCeiling
+	if v := params.MaxCeiling; v != nil {
+		if !(*v > 0 && *v <= 1) {
+			return h, fieldError(root, path+".maxCeiling", "must be in (0, 1], got %v", *v)
+		}
+		h.MaxCeiling = *v
+	}
+	if h.MinCeiling >= h.MaxCeiling {
+		return h, fieldError(root, path+".minCeiling", "%v must be below maxCeiling (%v)", h.MinCeiling, h.MaxCeiling)
+	}
+	return h, nil
+}
+
+// holdbackMap reads explicit ceilings: a mapping of priority (an integer) to
+// ceiling (a number in [0, 1]); nil if absent. Errors name the entry.
+func holdbackMap(root, n *yaml.Node, path string) (map[int]float64, error) {
+	if n.Kind == 0 {
+		return nil, nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, fieldError(root, path, "must be a mapping of priority to ceiling, such as {100: 0.9, 0: 0.4}, not %s", describeNode(n))
+	}
+	m := map[int]float64{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		p, err := strconv.Atoi(k.Value)
+		if k.Kind != yaml.ScalarNode || err != nil {
+			return nil, fmt.Errorf("proxy: config: %s.%s (line %d): a key of ceilings is a priority, a whole number", path, k.Value, k.Line)
+		}
+		if _, dup := m[p]; dup {
+			return nil, fmt.Errorf("proxy: config: %s.%d (line %d): priority %d given twice", path, p, k.Line, p)
+		}
+		c, err := strconv.ParseFloat(v.Value, 64)
+		if v.Kind != yaml.ScalarNode || err != nil || !(c >= 0 && c <= 1) {
+			return nil, fmt.Errorf("proxy: config: %s.%d (line %d): must be a number in [0, 1], got %q", path, p, v.Line, v.Value)
+		}
+		m[p] = c
+	}
+	return m, nil
 }
 
 // defaultObjectives maps every band's own name to it, plus "critical" to

@@ -197,7 +197,11 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		p.logf = log.Printf
 	}
 	if sh := cfg.Shared; sh.Enabled() {
-		view, err := redisshare.New(redisshare.Options{Addr: sh.Address, ReplicaID: sh.ReplicaID,
+		conn, err := sh.RedisOptions()
+		if err != nil {
+			return nil, fmt.Errorf("proxy: sharedInFlight: %w", err)
+		}
+		view, err := redisshare.New(redisshare.Options{Redis: conn, ReplicaID: sh.ReplicaID,
 			Period: sh.Period, TTL: sh.TTL, Logger: slog.New(slog.NewTextHandler(logfWriter(p.logf), nil))})
 		if err != nil {
 			return nil, fmt.Errorf("proxy: sharedInFlight: %w", err)
@@ -275,7 +279,7 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 			return 0
 		}
 	}
-	policy, err := flowcontrol.PolicyByName(cfg.Policy.Type, policyParams(cfg.Policy))
+	policy, err := newPolicy(cfg.Policy)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: policy: %w", err)
 	}
@@ -357,6 +361,15 @@ func metricNames(engine string) saturation.MetricNames {
 		return saturation.SGLang()
 	}
 	return saturation.VLLM()
+}
+
+// newPolicy builds the configured policy: priority-holdback-policy from the
+// ceilings the file's bands got, the others by name.
+func newPolicy(r PolicyRef) (flowcontrol.CeilingPolicy, error) {
+	if r.Type == flowcontrol.PriorityHoldbackPolicyName {
+		return flowcontrol.NewPriorityHoldbackCeilings(r.Ceilings)
+	}
+	return flowcontrol.PolicyByName(r.Type, policyParams(r))
 }
 
 func policyParams(r PolicyRef) map[string]float64 {

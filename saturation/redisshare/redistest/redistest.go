@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -54,6 +55,7 @@ func Require(t testing.TB) {
 // Server is a redis-server process private to one test.
 type Server struct {
 	t    testing.TB
+	args []string // extra redis-server arguments (StartWith)
 	port int
 	dir  string
 	cmd  *exec.Cmd
@@ -64,8 +66,15 @@ type Server struct {
 // answers PING, and stops it in t.Cleanup.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with extra redis-server arguments, such as
+// "--requirepass", "secret". Restart keeps them.
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	Require(t)
-	s := &Server{t: t, dir: t.TempDir()}
+	s := &Server{t: t, dir: t.TempDir(), args: args}
 	var err error
 	for range 5 { // the port is free when picked; another process may take it first
 		s.port = freePort(t)
@@ -100,8 +109,8 @@ func (s *Server) Signal(sig syscall.Signal) error { return s.cmd.Process.Signal(
 const startTimeout = 20 * time.Second
 
 func (s *Server) start() error {
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning")
+	s.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning"}, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}
@@ -126,6 +135,9 @@ func (s *Server) start() error {
 }
 
 // ping sends a raw PING (no client library, so no goroutines to leak).
+//
+// A server started with --requirepass answers -NOAUTH, which also says it
+// is up.
 func ping(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 	if err != nil {
@@ -140,7 +152,7 @@ func ping(addr string) error {
 	if err != nil {
 		return err
 	}
-	if line != "+PONG\r\n" {
+	if line != "+PONG\r\n" && !strings.HasPrefix(line, "-NOAUTH") {
 		return fmt.Errorf("PING answered %q", line)
 	}
 	return nil
