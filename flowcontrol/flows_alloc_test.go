@@ -18,7 +18,14 @@ import (
 // FlowCapacity so that its fair-share backlogs, which drift with the
 // flows' costs, settle within the warm-up.)
 func TestFlowsAllocFree(t *testing.T) {
-	const flows = 10000
+	// 10,000 flows is the claim, checked in the plain pass. Under -race the
+	// same rounds take minutes beside a CPU hog (293 s seen) while checking
+	// only the race detector's view of the same code, so it runs 1,000.
+	flows := 10000
+	if raceEnabled {
+		flows = 1000
+	}
+	t.Logf("%d flows", flows)
 	ids := make([]string, flows)
 	for i := range ids {
 		ids[i] = flowName(i)
