@@ -15,6 +15,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"github.com/flowgate/flowgate/saturation"
 )
 
@@ -51,6 +52,7 @@ type options struct {
 	longShort   bool
 	credit      bool
 	qthr, kvthr float64
+	pacingSet   bool // -pacing given: otherwise the Gateway's (see config)
 	scrape      time.Duration
 	replicas    int
 	cv          float64
@@ -65,9 +67,13 @@ type options struct {
 }
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its
-// dispatched-but-not-yet-visible requests to each pod's waiting count (chosen by the
-// sweep; see README.md next to this file).
-const DefaultCredit = false
+// dispatched-but-not-yet-visible requests to each pod's waiting count. On, as
+// flowhttp.Gateway ships it: with it (and no -pacing, no -queue-threshold) flowgate's
+// gateways also re-read the saturation after every release (flowcontrol.Pacing.Recheck)
+// and score a pod's queue against flowhttp.CreditQueueDepthThreshold, the Gateway's
+// wiring (TestGatewayWiringDefault keeps the two equal; the sweep that chose it is in
+// README.md next to this file).
+const DefaultCredit = true
 
 // DefaultSharedInFlight is -shared-inflight's default: several gateways share their
 // in-flight view every 5 ms, saturation/redisshare's DefaultPeriod, as the example proxy's
@@ -113,9 +119,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	// With one gateway there is no one to share with and the flag changes nothing.
 	shared := fs.String("shared-inflight", DefaultSharedInFlight, "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms (the default: saturation/redisshare's period)")
 	fs.StringVar(&o.routing, "routing", cluster.DefaultRouting, "how a gateway picks a replica: scrape (least max(scraped waiting + running, in flight seen) at the last scrape) or inflight (fewest in flight as the gateway sees them, ties round-robin: the example proxy's routing)")
-	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks (default), or '+'-joined readings, completions, floor=DURATION, recheck")
+	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks, or '+'-joined readings, completions, floor=DURATION, recheck (default: recheck with -credit, as flowhttp.Gateway runs, ticks without)")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
-	fs.Float64Var(&o.qthr, "queue-threshold", 0, "flowgate's saturation: waiting requests that alone saturate a pod (0 = the reference 5; llm-d baselines keep 5)")
+	fs.Float64Var(&o.qthr, "queue-threshold", 0, "flowgate's saturation: waiting requests that alone saturate a pod (0 = flowhttp.Gateway's: flowhttp.CreditQueueDepthThreshold with -credit, the reference 5 without; llm-d baselines keep 5)")
 	fs.Float64Var(&o.kvthr, "kv-threshold", 0, "flowgate's saturation: KV-cache usage that alone saturates a pod (0 = the reference 0.8; llm-d baselines keep 0.8)")
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
 	fs.IntVar(&o.replicas, "replicas", 2, "vLLM replicas in the pool")
@@ -207,7 +213,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if err != nil {
 		return o, err
 	}
-	o.pacing = p
+	o.pacing, o.pacingSet = p, *pacing != ""
 	if *tenants == "long-short" {
 		o.longShort = true
 	} else if *tenants != "" {
@@ -295,12 +301,24 @@ const DefaultClientTimeout = 300 * time.Second
 func (o options) config(w workload.Workload, qps float64, policy string, seed uint64) cluster.Config {
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
+	pacing, qthr := o.pacing, o.qthr
+	if o.credit {
+		// flowhttp.Gateway's wiring with its credit on: it re-reads the
+		// saturation after every release (Pacing.Recheck) and scores a pod's
+		// queue against CreditQueueDepthThreshold (TestGatewayWiringDefault).
+		if !o.pacingSet {
+			pacing.Recheck = true
+		}
+		if qthr == 0 {
+			qthr = flowhttp.CreditQueueDepthThreshold
+		}
+	}
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
-		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: o.pacing,
+		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: pacing,
 		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Routing: o.routing, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
-		Credit: o.credit, QueueThreshold: o.qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		Credit: o.credit, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 		Holdback: o.holdback,
 	}

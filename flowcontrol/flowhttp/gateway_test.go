@@ -151,15 +151,16 @@ func TestGatewayDefaultsGateUnlabelled(t *testing.T) {
 // tick when the pod reads idle: with the credit (the default) each release
 // counts as a waiting request at once, before the host has even forwarded
 // it, and the band re-reads the saturation as it drains, so against one
-// idle pod (queue threshold 5) exactly 5 of 20 go: 3 while the band is open
-// (s ≤ 0.5), one at Every 2 (s 0.6), one at Every 4 (s 0.8), then s = 1
-// blocks it, however many readings come. Without the credit all 20 go.
+// idle pod (queue threshold CreditQueueDepthThreshold, 6.25: each release
+// adds 0.16) exactly 7 of 20 go: 4 while the band is open (s ≤ 0.5), one
+// each at s 0.64, 0.8 and 0.96 (gated, paced), then s = 1.12 blocks it,
+// however many readings come. Without the credit all 20 go.
 func TestGatewayBacklogDoesNotFloodOnReopen(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		noCredit bool
 		want     int64
-	}{{"credit", false, 5}, {"no credit", true, 20}} {
+	}{{"credit", false, 7}, {"no credit", true, 20}} {
 		t.Run(tc.name, func(t *testing.T) {
 			release := make(chan struct{})
 			p := newPod(t, func(w http.ResponseWriter, r *http.Request) {

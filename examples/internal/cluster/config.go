@@ -139,7 +139,7 @@ type Config struct {
 	// Admission puts llm-d's probabilistic admitter (flowcontrol.Probabilistic: sheddable
 	// shed with probability min(1, 300·s^5)) in front of each gateway's queue.
 	Admission bool
-	Credit    bool // count dispatched-but-invisible requests as waiting
+	Credit    bool // count dispatched-but-invisible requests as waiting (flowgate's gateways; llm-d parity has none)
 	// QueueThreshold and KVThreshold are the flowgate gateways' saturation.Scorer
 	// thresholds (0 = the reference 5 and 0.8, which the llm-d baselines and the
 	// admitter always use).

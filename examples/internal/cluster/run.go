@@ -198,9 +198,14 @@ func (src source) Saturation() float64 {
 	if g.satOK && g.satVer == g.readVer && s.now <= g.satUntil {
 		return g.satCache
 	}
-	v := s.scorer.Pool(g.readings, s.nowTime())
-	if s.cfg.MaxOverReplicas && s.cfg.flowgate() {
-		v = s.scorer.PoolMax(g.readings, s.nowTime())
+	var v float64
+	switch {
+	case s.cfg.MaxOverReplicas && s.cfg.flowgate():
+		v = s.scorer.PoolMax(g.readings, s.nowTime()) // a host's own scoring: the exact credit
+	case s.scorer.InFlightCredit:
+		v = LivePool(s.scorer, g.readings, s.nowTime()) // the poller's credit, as the Gateway reads it
+	default:
+		v = s.scorer.Pool(g.readings, s.nowTime())
 	}
 	g.satCache, g.satVer, g.satOK = v, g.readVer, true
 	stale := s.scorer.Staleness
@@ -233,7 +238,7 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:    cfg,
 		base:   time.Unix(0, 0).UTC(),
-		scorer: saturation.Scorer{InFlightCredit: cfg.Credit},
+		scorer: saturation.Scorer{InFlightCredit: cfg.Credit && cfg.flowgate()}, // llm-d parity has no credit
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
