@@ -35,6 +35,25 @@ type DemoSpec struct {
 	// --scheduling-policy priority) and the proxy writes each request's
 	// band into its body (bodyPriority: set).
 	BackendPriority bool
+	// Baseline is the policy soft-reflective is compared with; zero: the
+	// static ceiling at 1.0 (llm-d's default static-usage-limit-policy).
+	// A static threshold above MaxSaturation is no flow control.
+	Baseline gateway.PolicyRef
+}
+
+// baseline is spec's Baseline with its default, and the table's name for it.
+func (spec DemoSpec) baseline() (gateway.PolicyRef, string) {
+	ref := spec.Baseline
+	if ref.Type == "" {
+		ref = gateway.PolicyRef{Type: flowcontrol.StaticPolicyName, Threshold: 1.0}
+	}
+	if ref.Type == flowcontrol.StaticPolicyName && ref.Threshold > flowcontrol.MaxSaturation {
+		return ref, "no flow control"
+	}
+	if ref.Type == flowcontrol.StaticPolicyName {
+		return ref, fmt.Sprintf("static (threshold %g)", ref.Threshold)
+	}
+	return ref, ref.Type
 }
 
 // PhaseResult is one policy's run.
@@ -265,8 +284,8 @@ func scaleConfig(cfg gateway.Config, speedUp float64) gateway.Config {
 	return cfg
 }
 
-// RunDemo runs the static baseline, then soft-reflective, and prints the
-// table.
+// RunDemo runs the baseline (spec.Baseline: the static ceiling at 1.0
+// unless set), then soft-reflective, and prints the table.
 func RunDemo(ctx context.Context, spec DemoSpec) ([]*PhaseResult, error) {
 	out := spec.Out
 	if out == nil {
@@ -281,8 +300,9 @@ func RunDemo(ctx context.Context, spec DemoSpec) ([]*PhaseResult, error) {
 		prios = append(prios, true)
 	}
 	for _, prio := range prios {
+		base, _ := spec.baseline()
 		for _, pol := range []gateway.PolicyRef{
-			{Type: flowcontrol.StaticPolicyName, Threshold: 1.0},
+			base,
 			{Type: flowcontrol.SoftReflectivePolicyName},
 		} {
 			r, err := RunPhase(ctx, spec, pol, prio)
@@ -311,7 +331,8 @@ func printTable(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
 		return fmt.Sprintf("%+.1f %%", 100*(float64(b)-float64(a))/float64(a))
 	}
 	fmt.Fprintf(out, "\nTTFT measured by the HTTP client over loopback (wall clock; ×%g = model time)\n\n", spec.Load.SpeedUp)
-	fmt.Fprintf(out, "| metric | static (threshold 1.0) | soft-reflective | change |\n| --- | --- | --- | --- |\n")
+	_, baseName := spec.baseline()
+	fmt.Fprintf(out, "| metric | %s | soft-reflective | change |\n| --- | --- | --- | --- |\n", baseName)
 	row := func(name string, q float64, a, b []time.Duration) {
 		if len(a) == 0 && len(b) == 0 {
 			return // not measured (sheddable sent without streaming)
