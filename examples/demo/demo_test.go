@@ -60,6 +60,14 @@ func TestEndToEndOverload(t *testing.T) {
 		printTable(&sb, spec, results)
 		t.Logf("attempt %d:\n%s", attempt, sb.String())
 		checkCounts(t, results)
+		if raceEnabled {
+			// The counts above are what -race is for. The latency claim is
+			// the plain pass's: instrumented, the proxy's own path adds
+			// about a second to soft-reflective's critical p99 (1.2–1.4 s
+			// against 0.4–0.5 s) while the backends keep time, and the
+			// comparison measures the race detector.
+			t.Skip("latency claim not judged under -race (the proxy runs instrumented); counts checked")
+		}
 		if results[0].Lost > maxLost || results[1].Lost > maxLost {
 			if attempt == 3 {
 				t.Skipf("backends fell %.0f %% / %.0f %% behind real time in every attempt: machine too busy to judge latency",
