@@ -566,15 +566,22 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 func (p *Poller) dueLocked(pd *pod) time.Time {
 	due := pd.pendingSince
 	if p.run != nil && !pd.lastResult.IsZero() {
-		d := pd.lastStart.Add(p.cfg.Interval)
-		if d.Before(pd.lastResult) {
-			d = pd.lastResult
-		}
-		if due.IsZero() || d.Before(due) {
+		if d := p.nextByScheduleLocked(pd); due.IsZero() || d.Before(due) {
 			due = d
 		}
 	}
 	return due
+}
+
+// nextByScheduleLocked is when the schedule makes pd's next scrape due: an
+// Interval after its last one started, or at that one's result if later.
+// pd has had a result.
+func (p *Poller) nextByScheduleLocked(pd *pod) time.Time {
+	d := pd.lastStart.Add(p.cfg.Interval)
+	if d.Before(pd.lastResult) {
+		d = pd.lastResult
+	}
+	return d
 }
 
 // countLocked adds (sign 1) or removes (sign −1) a pod's score to or from the
@@ -759,11 +766,7 @@ func (p *Poller) Poll(ctx context.Context) error {
 		if p.pods[pd.Endpoint] != pd || pd.lastResult.IsZero() {
 			continue
 		}
-		due := pd.lastStart.Add(p.cfg.Interval)
-		if due.Before(pd.lastResult) {
-			due = pd.lastResult
-		}
-		if end.After(due) {
+		if due := p.nextByScheduleLocked(pd); end.After(due) {
 			pd.owed += end.Sub(due)
 		}
 	}
