@@ -90,13 +90,21 @@ func newSyncedReplica(t *testing.T, addr, id string) *replica {
 // TTL allows (TTL/4), the default's 50 ms otherwise.
 func newReplicaPeriod(t *testing.T, addr, id string, period time.Duration) *replica {
 	t.Helper()
-	sink := &logSink{}
 	ttl := max(testTTL, 4*period)
 	var timeout time.Duration
 	if period >= 50*time.Millisecond {
 		timeout = ttl / 4
 	}
-	v, err := New(Options{Addr: addr, ReplicaID: id, Period: period, TTL: ttl, Timeout: timeout, Logger: slog.New(sink)})
+	return startReplica(t, Options{Addr: addr, ReplicaID: id, Period: period, TTL: ttl, Timeout: timeout})
+}
+
+// startReplica is a replica over New(opts), logging to its own sink, with
+// its collector registered and its client closed in t.Cleanup.
+func startReplica(t *testing.T, opts Options) *replica {
+	t.Helper()
+	sink := &logSink{}
+	opts.Logger = slog.New(sink)
+	v, err := New(opts)
 	require.NoError(t, err)
 	r := &replica{sharedView: v, log: sink, reg: prometheus.NewPedanticRegistry(), stop: func() {}}
 	r.reg.MustRegister(v.Collector())

@@ -2,11 +2,9 @@ package redisshare
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
@@ -16,8 +14,6 @@ import (
 // client closed in t.Cleanup.
 func newReplicaWith(t *testing.T, opts Options) *replica {
 	t.Helper()
-	sink := &logSink{}
-	opts.Logger = slog.New(sink)
 	if opts.Period == 0 {
 		opts.Period = 500 * time.Millisecond
 	}
@@ -27,15 +23,7 @@ func newReplicaWith(t *testing.T, opts Options) *replica {
 	if opts.Timeout == 0 {
 		opts.Timeout = opts.TTL / 4 // generous: syncs are driven by hand
 	}
-	v, err := New(opts)
-	require.NoError(t, err)
-	r := &replica{sharedView: v, log: sink, reg: prometheus.NewPedanticRegistry(), stop: func() {}}
-	r.reg.MustRegister(v.Collector())
-	t.Cleanup(func() {
-		r.stop()
-		require.NoError(t, v.Close())
-	})
-	return r
+	return startReplica(t, opts)
 }
 
 // skewed is a clock offset from the real one by d.

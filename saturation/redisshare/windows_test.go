@@ -1,13 +1,11 @@
 package redisshare
 
 import (
-	"log/slog"
 	"os"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
 
@@ -15,16 +13,7 @@ import (
 // Timeout): the windows below are the defaults' windows.
 func newDefaultReplica(t *testing.T, addr, id string) *replica {
 	t.Helper()
-	sink := &logSink{}
-	v, err := New(Options{Addr: addr, ReplicaID: id, Logger: slog.New(sink)})
-	require.NoError(t, err)
-	r := &replica{sharedView: v, log: sink, reg: prometheus.NewPedanticRegistry(), stop: func() {}}
-	r.reg.MustRegister(v.Collector())
-	t.Cleanup(func() {
-		r.stop()
-		require.NoError(t, v.Close())
-	})
-	return r
+	return startReplica(t, Options{Addr: addr, ReplicaID: id})
 }
 
 // windowRounds is how many kills (or stalls) a window test measures: 5 with
