@@ -33,7 +33,9 @@
 // The policies are pure functions of (band, bands, saturation): Static
 // (one threshold for every band: blocked at it, paced just below it so that
 // a reopening does not release the whole backlog at once, open further
-// below), SoftReflective (band 0 never gated; band i's ceiling
+// below; llm-d's meaning, which a migrated config gets, and with
+// StaticConfig.PaceCritical, an explicit flowgate option, band 0 paced
+// rather than blocked at the threshold), SoftReflective (band 0 never gated; band i's ceiling
 // 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it, blocked at 0)
 // and PriorityHoldback (llm-d's priority-holdback-policy: a fixed ceiling
 // per band, by rank, priority value or an explicit map, each gated as

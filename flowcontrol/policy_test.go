@@ -3,6 +3,7 @@ package flowcontrol_test
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -273,4 +274,170 @@ func TestDispatcherClampsPolicyEvery(t *testing.T) {
 			t.Errorf("policy Every %d: stats Every %d, want %d", tc.every, got, tc.want)
 		}
 	}
+}
+
+// staticGateRange is the exact model of Static's gate with or without
+// StaticConfig.PaceCritical: band 0 at s ≥ t has Every MaxCriticalEvery when
+// paced; everything else is the fixed-ceiling rule (ceilingGateRange).
+func staticGateRange(t float64, pace bool, band int, s float64) (lo, hi int) {
+	if pace && band <= 0 && !(s < t) {
+		return flowcontrol.MaxCriticalEvery, flowcontrol.MaxCriticalEvery
+	}
+	if math.IsInf(t, 1) {
+		return 1, 1 // s/(t−s) = 0 for every sanitised (finite) s: open
+	}
+	return ceilingGateRange(t, band, s)
+}
+
+// checkStaticGate asserts Static's gate against the exact model for any raw
+// input, and what PaceCritical promises and keeps: lower bands are blocked
+// at s ≥ t with or without it, a lower band never opens more often than a
+// higher one, a higher saturation never opens a band more often, and
+// without PaceCritical the gate is NewStatic's.
+func checkStaticGate(fail func(string, ...any), p *flowcontrol.Static, band, bands int, s float64) {
+	t, pace := p.Threshold(), p.PacesCritical()
+	g := p.Gate(band, bands, s)
+	cs := flowcontrol.Sanitize(s)
+	if g.Ceiling != t {
+		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v: ceiling is not the threshold", t, pace, band, bands, s, g)
+	}
+	if lo, hi := staticGateRange(t, pace, band, cs); g.Every < lo || g.Every > hi {
+		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v, model Every in [%d, %d]", t, pace, band, bands, s, g, lo, hi)
+	}
+	if g2 := p.Gate(band, bands, cs); g2 != g {
+		fail("Gate(%d, %d, %v) = %+v but %+v after Sanitize", band, bands, s, g, g2)
+	}
+	if band > 0 && cs >= t && g.Every != 0 {
+		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v: a lower band released at s ≥ t", t, pace, band, bands, s, g)
+	}
+	if !pace {
+		if want := flowcontrol.NewStatic(t).Gate(band, bands, s); g != want {
+			fail("static config without PaceCritical: Gate(%d, %d, %v) = %+v, NewStatic gives %+v", band, bands, s, g, want)
+		}
+	}
+	if band+1 < bands {
+		if lower := p.Gate(band+1, bands, s); openRate(lower) > openRate(g) {
+			fail("band %d (%+v) opens more than band %d (%+v) at s=%v", band+1, lower, band, g, s)
+		}
+	}
+	for _, up := range []float64{cs * 1.01, cs + 0.01, cs + 0.3, t, t * 2} {
+		if h := p.Gate(band, bands, up); up > cs && openRate(h) > openRate(g) {
+			fail("Gate(%d, %d, %v) = %+v opens more than at %v (%+v)", band, bands, up, h, s, g)
+		}
+	}
+}
+
+func TestStaticConfigGateProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		threshold := rapid.OneOf(rapid.Just(1.0), rapid.Float64Range(1e-3, 5)).Draw(t, "threshold")
+		pace := rapid.Bool().Draw(t, "pace")
+		bands := rapid.IntRange(-1, 10).Draw(t, "bands")
+		band := rapid.IntRange(-2, 12).Draw(t, "band")
+		s := saturationGen().Draw(t, "s")
+		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, PaceCritical: pace})
+		if err != nil {
+			t.Fatalf("NewStaticConfig(%v, %v): %v", threshold, pace, err)
+		}
+		checkStaticGate(t.Fatalf, p, band, bands, s)
+	})
+}
+
+func TestNewStaticConfig(t *testing.T) {
+	p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{})
+	if err != nil || p.Threshold() != flowcontrol.DefaultStaticThreshold || p.PacesCritical() {
+		t.Fatalf("zero StaticConfig: %v, %v", p, err)
+	}
+	if flowcontrol.NewStatic(1).PacesCritical() {
+		t.Fatal("NewStatic paces band 0 at the threshold: llm-d's meaning is blocked")
+	}
+	for _, bad := range []float64{math.NaN(), -1, math.Inf(-1), -1e-300} {
+		_, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: bad, PaceCritical: true})
+		if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), "StaticConfig.Threshold") ||
+			!strings.HasPrefix(err.Error(), "flowcontrol: ") {
+			t.Errorf("NewStaticConfig(Threshold %v) err = %v, want ErrInvalidConfig naming StaticConfig.Threshold", bad, err)
+		}
+	}
+	// With PaceCritical, at and above the threshold band 0 keeps
+	// MaxCriticalEvery and the sheddable band stays blocked; below it the
+	// gates are NewStatic's.
+	pc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: 0.8, PaceCritical: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		s     float64
+		every [2]int
+	}{
+		{0.4, [2]int{1, 1}}, {0.6, [2]int{2, 6}}, {0.79, [2]int{2, 158}},
+		{0.8, [2]int{2, 0}}, {5, [2]int{2, 0}}, {math.Inf(1), [2]int{2, 0}}, {math.NaN(), [2]int{2, 0}},
+	} {
+		for b := range 2 {
+			if g := pc.Gate(b, 2, tc.s); g.Every != tc.every[b] || g.Ceiling != 0.8 {
+				t.Errorf("static(0.8, PaceCritical).Gate(%d, 2, %v) = %+v, want every %d", b, tc.s, g, tc.every[b])
+			}
+		}
+	}
+}
+
+// At a saturation above the threshold, a dispatcher under PaceCritical
+// releases band 0 on one tick in MaxCriticalEvery (Burst 1) and nothing
+// from band 1; under NewStatic it releases nothing.
+func TestStaticPaceCriticalDispatch(t *testing.T) {
+	pc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{PaceCritical: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		policy *flowcontrol.Static
+		want   int
+	}{{pc, 10 / flowcontrol.MaxCriticalEvery}, {flowcontrol.NewStatic(1), 0}} {
+		var r rec
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+			Bands: bandsOf(2, 64), Source: newSat(1.5), Policy: tc.policy, Burst: 1}}, &r)
+		for i := range 20 {
+			if err := d.Enqueue(i%2, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 10 {
+			d.Step()
+		}
+		got := r.take()
+		for _, e := range got {
+			if e.band != 0 || e.reason != nil {
+				t.Fatalf("pace %v: event %+v at s = 1.5: only band 0 may be released", tc.policy.PacesCritical(), e)
+			}
+		}
+		if len(got) != tc.want {
+			t.Errorf("pace %v: %d band-0 releases in 10 ticks at s = 1.5, want %d", tc.policy.PacesCritical(), len(got), tc.want)
+		}
+	}
+}
+
+func FuzzStaticConfig(f *testing.F) {
+	for _, s := range []float64{0, 0.59, 0.6, 0.99, 1, 1 + 1e-16, 1.5, math.NaN(), math.Inf(1), math.Inf(-1)} {
+		f.Add(1.0, true, 0, 2, s)
+		f.Add(1.0, true, 1, 2, s)
+		f.Add(1.0, false, 0, 2, s)
+	}
+	f.Add(0.0, true, 0, 2, 1.0)
+	f.Add(0.8, true, -1, 0, 0.8)
+	f.Add(0.8, true, 7, 8, 0.79)
+	f.Add(math.NaN(), true, 0, 2, 1.0)
+	f.Add(-1.0, false, 0, 2, 1.0)
+	f.Add(math.Inf(1), true, 0, 2, math.Inf(1))
+	f.Add(1e-300, true, 0, 2, 0.0)
+	f.Fuzz(func(t *testing.T, threshold float64, pace bool, band, bands int, s float64) {
+		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, PaceCritical: pace})
+		if valid := threshold == 0 || threshold > 0; valid != (err == nil) {
+			t.Fatalf("NewStaticConfig(%v): err %v, model says valid=%v", threshold, err, valid)
+		}
+		if err != nil {
+			if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), "StaticConfig.Threshold") {
+				t.Fatalf("error %q is not an ErrInvalidConfig naming StaticConfig.Threshold", err)
+			}
+			return
+		}
+		checkStaticGate(t.Fatalf, p, band, bands, s)
+	})
 }

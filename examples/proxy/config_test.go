@@ -29,7 +29,7 @@ func TestParseConfigSample(t *testing.T) {
 	require.Equal(t, 1, cfg.DefaultBand)
 	require.Equal(t, map[string]int{"critical": 0, "interactive": 0, "sheddable": 1, "batch": 1}, cfg.Objectives)
 	require.Equal(t, gateway.SaturationConfig{
-		QueueDepthThreshold: 5, KVCacheUtilThreshold: 0.8,
+		QueueDepthThreshold: 0, KVCacheUtilThreshold: 0.8,
 		MetricsStalenessThreshold: 200 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond,
 		InFlightCredit: true, Engine: gateway.EngineVLLM,
 	}, cfg.Saturation)

@@ -160,7 +160,7 @@ func TestProxyFlowCapacityPerTenant(t *testing.T) {
 // pool in one go when the band reopens: with the in-flight credit (the
 // proxy's default) each forwarded request counts as waiting at once and the
 // proxy re-reads the saturation while it drains, so against one idle-looking
-// pod (queue threshold 5) exactly 5 of 20 queued requests are forwarded — 3
+// pod (queue threshold 5, set here) exactly 5 of 20 queued requests are forwarded — 3
 // while the band is open (s ≤ 0.5), one at Every 2 (s 0.6), one at Every 4
 // (s 0.8), then s = 1 blocks it — however many readings come.
 func TestProxyBacklogDoesNotFloodOnReopen(t *testing.T) {
@@ -176,6 +176,7 @@ func TestProxyBacklogDoesNotFloodOnReopen(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	cfg := testConfig()
 	require.True(t, cfg.Saturation.InFlightCredit, "the proxy's default")
+	cfg.Saturation.QueueDepthThreshold = 5 // stated, so the count below is (the default is 6.25: 7 of 20)
 	p, srv := runGateway(t, cfg, gateway.Options{}, true, b.srv.URL)
 	b.saturated.Store(true)
 	gatedNow(t, p)

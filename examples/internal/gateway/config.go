@@ -216,6 +216,10 @@ type PolicyRef struct {
 
 // SaturationConfig configures the metrics poller.
 type SaturationConfig struct {
+	// QueueDepthThreshold is the waiting requests per pod that score it
+	// saturated. Zero (the default when the file omits it) takes the
+	// library's: flowhttp.CreditQueueDepthThreshold with InFlightCredit,
+	// saturation.DefaultQueueDepthThreshold (llm-d's 5) without.
 	QueueDepthThreshold       float64
 	KVCacheUtilThreshold      float64
 	MetricsStalenessThreshold time.Duration
@@ -368,7 +372,7 @@ func DefaultConfig() Config {
 		DefaultBand: 1,
 		Objectives:  map[string]int{"critical": 0, "sheddable": 1},
 		Saturation: SaturationConfig{
-			QueueDepthThreshold:       5,
+			QueueDepthThreshold:       0, // the Gateway's: 6.25 with the credit, 5 without
 			KVCacheUtilThreshold:      0.8,
 			MetricsStalenessThreshold: 200 * time.Millisecond,
 			ScrapeInterval:            50 * time.Millisecond,
