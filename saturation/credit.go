@@ -57,10 +57,12 @@ import (
 // mean of such errors), beside float rounding; and c is held at 2^20 (a
 // pod whose credit alone is past 2^20 saturates any pool of fewer than a
 // million pods by itself), which keeps Σ c within an int64 for pools of
-// fewer than 2^19 (524,288) pods. Counts are held in 24 bits (at most 16,777,215 requests in
-// flight to one pod) and generations in 40: a reader holding a word from
-// 2^40 hinge changes ago, with the count back where it was, is the one
-// interleaving that could pass unnoticed.
+// fewer than 2^19 (524,288) pods. Counts are held in 24 bits (at most
+// 16,777,215 requests in flight to one pod) and generations in 40: a
+// reader holding a word from 2^40 hinge changes ago, with the count back
+// where it was, is the one interleaving that could pass unnoticed. A hinge
+// change allocates its immutable hinge (under the lock, only when T or m
+// moved); dispatches, completions and reads allocate nothing.
 const (
 	creditCountShift = 40                           // the count lives above the generation
 	creditGenMask    = 1<<creditCountShift - 1      // the generation bits
