@@ -7,89 +7,145 @@ import (
 
 // The live in-flight credit.
 //
-// With Scorer.InFlightCredit a fresh pod scores
+// With Scorer.InFlightCredit a fresh pod with w waiting, r running and f
+// requests in flight scores
 //
-//	pod(f) = max((w + max(0, f − (w + r))) / Q, kv / K)
+//	pod(f) = max(kv', (w + e)/Q, (w + e)·p/PT)    e = max(0, f − (w + r))
 //
-// for f requests in flight to it. As a function of f this is a hinge:
+// kv' its KV term (KV usage, projected as Scorer.Projection says, over
+// KVUtilThreshold), p its mean prompt length and PT PromptTokenThreshold
+// (the third term is absent without PromptTokenThreshold or p: read p/PT as
+// 0 then). A credited request is a waiting one in every term. Both queue
+// terms are (w + e) times a slope and vanish together, so with
 //
-//	pod(f) = base + max(0, f − T) / Q
-//	base   = max(w / Q, kv / K)                 the score without credit
-//	T      = w + r + max(0, Q·kv/K − w)         the count beyond which a request adds 1/Q
+//	m = max(1/Q, p/PT)                          the pod's slope
 //
-// (for f ≤ w + r the credit is 0; beyond it the queue term (w + f − w − r)/Q
-// passes the KV term at f = T, and from there grows by 1/Q per request). So
-// the pool mean is
+// pod(f) = max(kv', (w + e)·m): still a single hinge in f, with a slope of
+// its own per pod:
 //
-//	pool = (Σ base_i + Σ max(0, f_i − T_i) / Q) / n
+//	pod(f) = base + m · max(0, f − T)
+//	base   = max(kv', w·m)                      the score without credit
+//	T      = w + r + max(0, kv'/m − w)          the count beyond which a request adds m
+//
+// (for f ≤ w + r the credit is 0; beyond it (w + e)·m = (f − r)·m passes kv'
+// at f = r + kv'/m and grows by m per request from the larger of that and
+// w + r). The projections change kv' only, from the scraped running count,
+// never from f, so the credit stays this hinge with every Projection. So the
+// pool mean is
+//
+//	pool = (Σ base_i + Σ c_i(f_i)) / n        c_i(f) = m_i · max(0, f − T_i)
 //
 // The first sum changes only when a scrape result arrives or the pool is
-// rescored (under the poller's lock); the second, the pool's excess, changes
-// by at most one unit per dispatch or completion, and is kept in one atomic
-// integer: each pod holds its count f and its threshold T (quantised) in one
-// atomic word, so a dispatch or completion is one compare-and-swap of that
-// word, which yields exactly the transition (f, T) → (f ± 1, T), then at most
-// one atomic add of that transition's change of the hinge to the excess.
-// Changing a pod's T (under the lock) is the same: one CAS of the word and
-// the change of its hinge added. The excess is therefore exactly Σ hinge_i
-// whenever no operation is half done, whatever the interleaving.
+// rescored (under the poller's lock); the second, the pool's excess, is kept
+// in one atomic integer, in units of 2^−24 of a score. Each pod holds its
+// count f and the generation g of its hinge (T_i, m_i) in one atomic word,
+// and the hinge itself, immutable, in one of two slots by the parity of g,
+// published before any word names it. A dispatch or completion loads the
+// word, then the hinge its generation names (a slot holding a newer
+// generation means the word has moved on: reload), and compare-and-swaps
+// (f, g) → (f ± 1, g): the swap succeeds only if the word still is (f, g),
+// so it yields exactly that transition under that hinge, and one atomic add
+// of c(f ± 1) − c(f) follows. Changing a pod's hinge (under the lock, so one
+// at a time) publishes the new one in the other slot, swaps (f, g) →
+// (f, g + 1) and adds c_new(f) − c_old(f), the same way. The excess is
+// therefore exactly Σ c_i(f_i) whenever no operation is half done, whatever
+// the interleaving: every c is a function of the pod's state alone, so every
+// rounding in it is undone by the transition that leaves the state.
 //
-// The one approximation: T is rounded to the nearest 1/65536 of a request
-// (the hinge is then integer arithmetic in those units). The credit of a pod
-// is off by at most 2^−17 of a request, its score by at most 2^−17/Q, and so
-// is the pool mean (a mean of such errors): 1.5e−6 at the default Q of 5.
-// Counts are held in 24 bits (at most 16,777,215 requests in flight to one
-// pod) and T in 40 bits: a T beyond 2^24 requests can never be reached by a
-// count, so it is stored as "never" and the credit stays exactly 0.
+// The approximations: c is rounded to the nearest 2^−24 of a score, so a
+// pod's credit is off by at most 2^−25 (3·10^−8) and so is the pool mean (a
+// mean of such errors), beside float rounding; and c is held at 2^20 (a
+// pod whose credit alone is past 2^20 saturates any pool of fewer than a
+// million pods by itself), which keeps Σ c within an int64 for pools of
+// fewer than 2^19 (524,288) pods. Counts are held in 24 bits (at most
+// 16,777,215 requests in flight to one pod) and generations in 40: a
+// reader holding a word from 2^40 hinge changes ago, with the count back
+// where it was, is the one interleaving that could pass unnoticed. A hinge
+// change allocates its immutable hinge (under the lock, only when T or m
+// moved); dispatches, completions and reads allocate nothing.
 const (
-	creditFracBits   = 16                           // T in units of 2^−16 request
-	creditCountShift = 40                           // the count lives above T
-	creditTMask      = 1<<creditCountShift - 1      // the T bits; also "no credit"
+	creditCountShift = 40                           // the count lives above the generation
+	creditGenMask    = 1<<creditCountShift - 1      // the generation bits
 	maxPodInFlight   = 1<<(64-creditCountShift) - 1 // 16,777,215
-	creditUnit       = 1 << creditFracBits          // one request in T's units
+	creditScoreBits  = 24                           // the excess in units of 2^−24 score
+	creditUnit       = 1 << creditScoreBits         // one score in the excess' units
+	maxPodCredit     = bigScore * creditUnit        // c_i is held at 2^20 scores
 )
 
-// credit is one endpoint's live in-flight count and credit threshold.
+// creditScale turns the excess into score units.
+const creditScale = 1.0 / creditUnit
+
+// creditHinge is one pod's credit as a function of its in-flight count:
+// slope · max(0, f − t). Immutable once published.
+type creditHinge struct {
+	gen   uint64  // the generation (low 40 bits) whose word it belongs to
+	t     float64 // T: beyond this count a request adds slope (+Inf: never)
+	slope float64 // m: score per request beyond T (> 0; 0 with t = +Inf)
+}
+
+// excess returns c(f), the pod's credit at count f in units of 2^−24
+// score: rounded, never negative, at most maxPodCredit. A pure function of
+// (f, t, slope): the transitions' additions cancel exactly.
+func (h *creditHinge) excess(f uint64) int64 {
+	x := float64(f)
+	if !(x > h.t) {
+		return 0 // also t = +Inf: no credit
+	}
+	v := (x - h.t) * h.slope * creditUnit
+	if !(v < maxPodCredit) {
+		return maxPodCredit // also +Inf (a slope of 1/Q for a denormal Q)
+	}
+	return int64(v + 0.5)
+}
+
+// credit is one endpoint's live in-flight count and credit hinge.
 type credit struct {
-	word    atomic.Uint64 // count<<creditCountShift | T (units of 2^−16 request)
-	removed atomic.Bool   // the endpoint left the set: Finished only
+	word    atomic.Uint64 // count<<creditCountShift | generation of the hinge in force
+	hinges  [2]atomic.Pointer[creditHinge]
+	removed atomic.Bool // the endpoint left the set: Finished only
+}
+
+// noCredit is the hinge of a pod without credit (failed, stale, scoring
+// +Inf, credit off, or removed).
+var noCredit = creditHinge{t: math.Inf(1)}
+
+// newCredit returns a count of 0 with no credit.
+func newCredit() *credit {
+	c := &credit{}
+	h := noCredit
+	c.hinges[0].Store(&h)
+	return c
 }
 
 func (c *credit) count() int64 { return int64(c.word.Load() >> creditCountShift) }
 
-// hinge returns max(0, count − T) of a word in units of 2^−16 request.
-func hinge(w uint64) int64 {
-	return max(0, int64(w>>creditCountShift)<<creditFracBits-int64(w&creditTMask))
+// hinge returns the hinge the word w names, or nil when its slot already
+// holds a newer one (w is out of date: reload it).
+func (c *credit) hinge(w uint64) *creditHinge {
+	g := w & creditGenMask
+	h := c.hinges[g&1].Load()
+	if h.gen != g {
+		return nil
+	}
+	return h
 }
 
-// quantizeThreshold turns T (in requests) into its stored form: rounded to
-// the nearest 2^−16, and "never" for a T no count can reach (or not a number).
-func quantizeThreshold(t float64) uint64 {
-	q := math.Round(t * creditUnit)
-	if !(q >= 0) {
-		return 0 // T ≥ 0 always (counts are ≥ 0); keep NaN out
-	}
-	if q >= creditTMask {
-		return creditTMask
-	}
-	return uint64(q)
-}
-
-// creditThreshold returns T for a fresh reading (see the comment above):
+// creditHinge returns T and m for a fresh reading (see the comment above):
 // the in-flight count beyond which each request raises the pod's score by
-// 1/QueueDepthThreshold. With Scorer.Projection or PromptTokenThreshold,
-// base is the score with those terms (kv projected, the prompt-token term
-// of the scraped waiting count) and T the count at which the queue term
-// passes it; a credited request then adds 1/Q, not its prompt tokens'
-// share (the live credit has one slope per pool), so with
-// PromptTokenThreshold the credit is a lower bound of Pool's.
-func (s Scorer) creditThreshold(r Reading) float64 {
+// m, its slope, and m = max(1/QueueDepthThreshold, PromptMean /
+// PromptTokenThreshold) (the second only with the prompt-token term). T is
+// +Inf when kv'/m overflows (a QueueDepthThreshold too large for any count
+// to matter).
+func (s Scorer) creditHinge(r Reading) (t, slope float64) {
 	s = s.withDefaults()
-	if s.Projection == ProjectNone && s.PromptTokenThreshold == 0 {
-		return r.Waiting + r.Running + max(0, s.QueueDepthThreshold*(r.KVUsage/s.KVUtilThreshold)-r.Waiting)
+	slope = 1 / s.QueueDepthThreshold
+	if s.PromptTokenThreshold > 0 && r.PromptMean > 0 && r.PromptMean <= maxFinite {
+		// As score computes the term: waiting / PT · p.
+		slope = max(slope, 1/s.PromptTokenThreshold*r.PromptMean)
 	}
 	s.InFlightCredit = false
-	return r.Waiting + r.Running + max(0, s.QueueDepthThreshold*s.score(r)-r.Waiting)
+	base := s.score(r) // = max(kv', w·m)
+	return r.Waiting + r.Running + max(0, base/slope-r.Waiting), slope
 }
 
 // poolSnap is the part of the pool value fixed between two scrape results
@@ -101,8 +157,7 @@ type poolSnap struct {
 
 // liveCredit is the lock-free side of the poller.
 type liveCredit struct {
-	excess     atomic.Int64 // Σ hinge over the pods, in units of 2^−16 request
-	scale      float64      // 1 / (2^16 · Q): excess → score units; set once
+	excess     atomic.Int64 // Σ c_i(f_i) over the pods, in units of 2^−24 score
 	snap       atomic.Pointer[poolSnap]
 	byEndpoint atomic.Pointer[map[string]*credit]
 	seq        atomic.Uint64
@@ -123,7 +178,7 @@ func (l *liveCredit) saturation() float64 {
 	// Both terms are clamped at 0: the running sum may drift a hair below
 	// it, and a completion's share of the excess may land a moment before
 	// its dispatch's.
-	return (max(s.sum, 0) + float64(max(l.excess.Load(), 0))*l.scale) / float64(s.n)
+	return (max(s.sum, 0) + float64(max(l.excess.Load(), 0))*creditScale) / float64(s.n)
 }
 
 // inc counts one more request in flight on c (false: the count is at its
@@ -131,13 +186,17 @@ func (l *liveCredit) saturation() float64 {
 func (l *liveCredit) inc(c *credit) bool {
 	for {
 		w := c.word.Load()
-		if w>>creditCountShift == maxPodInFlight {
+		f := w >> creditCountShift
+		if f == maxPodInFlight {
 			l.unbalanced.Add(1)
 			return false
 		}
-		nw := w + 1<<creditCountShift
-		if c.word.CompareAndSwap(w, nw) {
-			if d := hinge(nw) - hinge(w); d != 0 {
+		h := c.hinge(w)
+		if h == nil {
+			continue // a newer hinge is published: w is out of date
+		}
+		if c.word.CompareAndSwap(w, w+1<<creditCountShift) {
+			if d := h.excess(f+1) - h.excess(f); d != 0 {
 				l.excess.Add(d)
 			}
 			return true
@@ -150,13 +209,17 @@ func (l *liveCredit) inc(c *credit) bool {
 func (l *liveCredit) dec(c *credit) bool {
 	for {
 		w := c.word.Load()
-		if w>>creditCountShift == 0 {
+		f := w >> creditCountShift
+		if f == 0 {
 			l.unbalanced.Add(1)
 			return false
 		}
-		nw := w - 1<<creditCountShift
-		if c.word.CompareAndSwap(w, nw) {
-			if d := hinge(nw) - hinge(w); d != 0 {
+		h := c.hinge(w)
+		if h == nil {
+			continue
+		}
+		if c.word.CompareAndSwap(w, w-1<<creditCountShift) {
+			if d := h.excess(f-1) - h.excess(f); d != 0 {
 				l.excess.Add(d)
 			}
 			return true
@@ -164,21 +227,31 @@ func (l *liveCredit) dec(c *credit) bool {
 	}
 }
 
-// setThreshold replaces c's stored T (quantised) and moves the excess by the
-// change of c's hinge.
-func (l *liveCredit) setThreshold(c *credit, t uint64) {
+// setHinge makes slope · max(0, f − t) c's credit (t = +Inf: none) and
+// moves the excess by the change at c's count. Callers hold the poller's
+// lock: hinges change one at a time, so the word's generation is the
+// latest published and only counts move under it.
+func (l *liveCredit) setHinge(c *credit, t, slope float64) {
+	if !(t < math.Inf(1)) || !(slope > 0) {
+		t, slope = noCredit.t, noCredit.slope // keep NaN out: no credit
+	}
+	w := c.word.Load()
+	old := c.hinge(w)
+	if old.t == t && old.slope == slope {
+		return // unchanged (most rescores): no allocation
+	}
+	g := (w + 1) & creditGenMask
+	h := &creditHinge{gen: g, t: t, slope: slope}
+	c.hinges[g&1].Store(h) // the slot of generation g − 1 is left alone
 	for {
-		w := c.word.Load()
-		nw := w&^creditTMask | t
-		if w == nw {
-			return
-		}
-		if c.word.CompareAndSwap(w, nw) {
-			if d := hinge(nw) - hinge(w); d != 0 {
+		f := w >> creditCountShift
+		if c.word.CompareAndSwap(w, f<<creditCountShift|g) {
+			if d := h.excess(f) - old.excess(f); d != 0 {
 				l.excess.Add(d)
 			}
 			return
 		}
+		w = c.word.Load() // a dispatch or completion moved the count
 	}
 }
 
@@ -188,13 +261,10 @@ func (l *liveCredit) setThreshold(c *credit, t uint64) {
 // atomic add, no allocation. It reports false, counting nothing, for an
 // endpoint the poller does not know.
 //
-// With Scorer.InFlightCredit the pod's score is then, at once,
-//
-//	max((waiting + max(0, inflight − (waiting + running))) / QueueDepthThreshold,
-//	    kv / KVUtilThreshold)
-//
-// with waiting, running and kv from its last reading (the formula of
-// Scorer; exact up to 2^−17/QueueDepthThreshold, see Saturation). Without
+// With Scorer.InFlightCredit the pod's score is then, at once, Scorer.Pod
+// of its last reading with InFlight the live count: the request counts as
+// a waiting one in every term, the prompt-token term included (exact up to
+// 2^−25, see Saturation). Without
 // it the count is kept (Readings shows it) but not scored. Call Finished
 // once for every Dispatched that returned true, when the request ends.
 //

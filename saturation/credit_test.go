@@ -52,10 +52,25 @@ func exactPool(p *Poller, counts map[string]int64, peers ...map[string]int64) fl
 	return p.scorer.Pool(rs, p.cfg.Now())
 }
 
-// creditTolerance is the documented bound (2^−17/Q) plus float rounding.
-func creditTolerance(p *Poller, exact float64) float64 {
-	q := p.scorer.withDefaults().QueueDepthThreshold
-	return math.Ldexp(1, -17)/q + 1e-9*max(1, math.Abs(exact))
+// creditTolerance is the documented bound (2^−25) plus float rounding.
+func creditTolerance(_ *Poller, exact float64) float64 {
+	return math.Ldexp(1, -25) + 1e-9*max(1, math.Abs(exact))
+}
+
+// excessAtRest is Σ c_i(f_i) recomputed from every pod's word and hinge:
+// what the live excess must hold when no operation is half done.
+func excessAtRest(t tb, p *Poller) int64 {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sum int64
+	for _, c := range *p.live.byEndpoint.Load() {
+		w := c.word.Load()
+		h := c.hinge(w)
+		require.NotNil(t, h, "at rest the word names the hinge in its slot")
+		sum += h.excess(w >> creditCountShift)
+	}
+	return sum
 }
 
 func requireExact(t tb, p *Poller, counts map[string]int64, what string, peers ...map[string]int64) {
@@ -69,17 +84,21 @@ func requireExact(t tb, p *Poller, counts map[string]int64, what string, peers .
 }
 
 // TestLiveCreditMatchesFormula: after every operation (dispatches,
-// completions, scrape results good and failed, ageing, endpoint changes) the
-// O(1) saturation equals Scorer.Pool over the readings with the live counts,
-// within the documented bound.
+// completions, scrape results good and failed, ageing, endpoint changes,
+// peers' counts) the O(1) saturation equals Scorer.Pool over the readings
+// with the live counts, within the documented bound, with the prompt-token
+// term (each pod its own slope, moving with its mean prompt) and every
+// Projection; and the excess is Σ c_i(f_i) of the pods' words.
 func TestLiveCreditMatchesFormula(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		clk := newFakeClock()
 		sc := Scorer{
-			QueueDepthThreshold: rapid.SampledFrom([]float64{0, 0.5, 1, 2.5, 5, 7.3, 64}).Draw(t, "q"),
-			KVUtilThreshold:     rapid.SampledFrom([]float64{0, 0.3, 0.8, 1}).Draw(t, "kv"),
-			IgnoreStale:         rapid.Bool().Draw(t, "ignoreStale"),
-			InFlightCredit:      rapid.Float64Range(0, 1).Draw(t, "credit") < 0.9,
+			QueueDepthThreshold:  rapid.SampledFrom([]float64{0, 0.5, 1, 2.5, 5, 6.25, 7.3, 64}).Draw(t, "q"),
+			KVUtilThreshold:      rapid.SampledFrom([]float64{0, 0.3, 0.8, 1}).Draw(t, "kv"),
+			IgnoreStale:          rapid.Bool().Draw(t, "ignoreStale"),
+			InFlightCredit:       rapid.Float64Range(0, 1).Draw(t, "credit") < 0.9,
+			PromptTokenThreshold: rapid.SampledFrom([]float64{0, 1, 300, 4096}).Draw(t, "promptThreshold"),
+			Projection:           rapid.SampledFrom([]KVProjection{ProjectNone, ProjectCompletion, ProjectSteady}).Draw(t, "projection"),
 		}
 		universe := make([]string, rapid.IntRange(1, 6).Draw(t, "universe"))
 		for i := range universe {
@@ -144,7 +163,13 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 					continue
 				}
 				r := Reading{Waiting: value.Draw(t, "w"), Running: value.Draw(t, "r"),
-					KVUsage: rapid.OneOf(rapid.Float64Range(0, 1.2), value).Draw(t, "kvu")}
+					KVUsage: rapid.OneOf(rapid.Float64Range(0, 1.2), value).Draw(t, "kvu"),
+					// Prompt means up to 4,000 tokens keep every pod's
+					// credit below the 2^20 hold (at most 120 requests
+					// at a slope of 4,000 with PromptTokenThreshold 1).
+					PromptMean: rapid.SampledFrom([]float64{0, 1, 39, 1176, 4000, math.NaN()}).Draw(t, "p"),
+					OutputMean: rapid.SampledFrom([]float64{0, 10, 500}).Draw(t, "o"),
+					KVCapacity: rapid.SampledFrom([]float64{0, 1e3, 1e5}).Draw(t, "capacity")}
 				inject(t, p, ep, r, nil)
 				what = "reading " + ep
 			case 7:
@@ -187,6 +212,7 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 				what = fmt.Sprintf("peers %s %d", ep, peers[ep])
 			}
 			requireExact(t, p, scored(), fmt.Sprintf("op %d (%s)", i, what), scoredPeers())
+			require.Equal(t, excessAtRest(t, p), p.live.excess.Load(), "op %d (%s): excess = Σ c_i(f_i)", i, what)
 			for e, n := range counts {
 				require.Equal(t, n, p.InFlight(e), e)
 			}
@@ -214,7 +240,8 @@ func TestLiveCreditMatchesFormula(t *testing.T) {
 func TestLiveCreditRace(t *testing.T) {
 	clk := newFakeClock()
 	eps := []string{"http://a/metrics", "http://b/metrics", "http://c/metrics"}
-	p, err := NewPoller(PollerConfig{Endpoints: eps, Now: clk.Now, Scorer: Scorer{InFlightCredit: true}})
+	p, err := NewPoller(PollerConfig{Endpoints: eps, Now: clk.Now,
+		Scorer: Scorer{InFlightCredit: true, PromptTokenThreshold: DefaultPromptTokenThreshold}})
 	require.NoError(t, err)
 	for _, ep := range eps {
 		inject(t, p, ep, Reading{Waiting: 1, Running: 2, KVUsage: 0.3}, nil)
@@ -232,8 +259,10 @@ func TestLiveCreditRace(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		for !stop.Load() {
 			ep := eps[rng.IntN(len(eps))]
+			// The mean prompt moves each pod's slope (1/Q up to
+			// 8000/4096) as the threshold moves.
 			inject(t, p, ep, Reading{Waiting: float64(rng.IntN(6)), Running: float64(rng.IntN(6)),
-				KVUsage: rng.Float64()}, nil)
+				KVUsage: rng.Float64(), PromptMean: float64(rng.IntN(8000))}, nil)
 			if rng.IntN(8) == 0 {
 				p.Rescore()
 			}
@@ -271,12 +300,10 @@ func TestLiveCreditRace(t *testing.T) {
 			counts[eps[i]] += n
 		}
 	}
-	var hinges int64
 	for _, ep := range eps {
 		require.Equal(t, counts[ep], p.InFlight(ep), ep)
-		hinges += hinge(p.pods[ep].cr.word.Load())
 	}
-	require.Equal(t, hinges, p.live.excess.Load(), "excess = Σ hinge at rest")
+	require.Equal(t, excessAtRest(t, p), p.live.excess.Load(), "excess = Σ c_i(f_i) at rest")
 	require.Zero(t, p.Unbalanced())
 	requireExact(t, p, counts, "at rest")
 
@@ -301,17 +328,55 @@ func TestLiveCreditRace(t *testing.T) {
 	requireExact(t, p, nil, "drained")
 }
 
-// TestQuantizeThreshold: the stored threshold's rounding and range.
-func TestQuantizeThreshold(t *testing.T) {
-	require.Equal(t, uint64(0), quantizeThreshold(0))
-	require.Equal(t, uint64(0), quantizeThreshold(math.NaN()))
-	require.Equal(t, uint64(3*creditUnit), quantizeThreshold(3))
-	require.Equal(t, uint64(creditUnit/2), quantizeThreshold(0.5))
-	require.Equal(t, uint64(creditTMask), quantizeThreshold(1<<24))
-	require.Equal(t, uint64(creditTMask), quantizeThreshold(math.Inf(1)))
-	// The largest count never passes the "never" threshold.
-	require.Zero(t, hinge(uint64(maxPodInFlight)<<creditCountShift|creditTMask))
-	require.Equal(t, int64(creditUnit/2), hinge(3<<creditCountShift|quantizeThreshold(2.5)))
+// TestCreditHingeExcess: c(f) = slope · max(0, f − t) in units of 2^−24
+// score, rounded, held at 2^20 scores, 0 for the no-credit hinge.
+func TestCreditHingeExcess(t *testing.T) {
+	h := creditHinge{t: 2.5, slope: 0.2}
+	require.Zero(t, h.excess(0))
+	require.Zero(t, h.excess(2))
+	require.Equal(t, int64(math.Round(0.5*0.2*creditUnit)), h.excess(3))
+	require.Equal(t, int64(math.Round(7.5*0.2*creditUnit)), h.excess(10))
+	require.Zero(t, noCredit.excess(maxPodInFlight), "the largest count never passes 'never'")
+	big := creditHinge{t: 0, slope: 1e6}
+	require.Equal(t, int64(maxPodCredit), big.excess(2), "held at 2^20 scores")
+	require.Equal(t, int64(maxPodCredit), (&creditHinge{slope: math.Inf(1)}).excess(1))
+	// A pool of 2^19 − 1 pods each at the hold sums within an int64.
+	require.LessOrEqual(t, uint64(maxPodCredit)*(1<<19-1), uint64(math.MaxInt64))
+}
+
+// TestCreditHingeOfScorer: the hinge the poller stores for a reading is
+// Scorer.Pod's credit at every count: base + m·max(0, f − T), m the larger
+// of 1/Q and the prompt-token slope, with and without a Projection.
+func TestCreditHingeOfScorer(t *testing.T) {
+	now := time.Unix(1, 0)
+	for _, tc := range []struct {
+		name      string
+		s         Scorer
+		r         Reading
+		wantSlope float64
+	}{
+		{"queue leads", Scorer{InFlightCredit: true}, Reading{Waiting: 4, Running: 2, KVUsage: 0.3}, 1.0 / 5},
+		{"KV leads", Scorer{InFlightCredit: true}, Reading{Waiting: 1, Running: 2, KVUsage: 0.6}, 1.0 / 5},
+		{"prompt term leads", Scorer{InFlightCredit: true, QueueDepthThreshold: 6.25, PromptTokenThreshold: 4096},
+			Reading{Waiting: 4, Running: 2, KVUsage: 0.3, PromptMean: 1000}, 1000.0 / 4096},
+		{"prompt term below the queue's", Scorer{InFlightCredit: true, PromptTokenThreshold: 4096},
+			Reading{Waiting: 4, Running: 2, KVUsage: 0.3, PromptMean: 200}, 1.0 / 5},
+		{"steady projection leads", Scorer{InFlightCredit: true, PromptTokenThreshold: 4096, Projection: ProjectSteady},
+			Reading{Waiting: 1, Running: 40, KVUsage: 0.2, PromptMean: 1000, OutputMean: 500, KVCapacity: 5e4}, 1000.0 / 4096},
+	} {
+		tc.r.OK, tc.r.At = true, now
+		th, slope := tc.s.creditHinge(tc.r)
+		require.InDelta(t, tc.wantSlope, slope, 1e-15, tc.name)
+		off := tc.s
+		off.InFlightCredit = false
+		base := off.Pod(tc.r, now)
+		for f := int64(0); f < 40; f++ {
+			r := tc.r
+			r.InFlight = f
+			want := base + slope*max(0, float64(f)-th)
+			require.InDelta(t, want, tc.s.Pod(r, now), 1e-12*max(1, want), "%s: f %d (T %v)", tc.name, f, th)
+		}
+	}
 }
 
 // TestLiveCreditSaturatesCount: past the 24-bit count, Dispatched refuses
@@ -320,7 +385,7 @@ func TestLiveCreditSaturatesCount(t *testing.T) {
 	p, err := NewPoller(PollerConfig{Endpoints: []string{"http://a/metrics"}, Scorer: Scorer{InFlightCredit: true}})
 	require.NoError(t, err)
 	c := p.pods["http://a/metrics"].cr
-	c.word.Store(uint64(maxPodInFlight-1)<<creditCountShift | creditTMask)
+	c.word.Store(uint64(maxPodInFlight-1) << creditCountShift) // generation 0: no credit
 	require.True(t, p.Dispatched("http://a/metrics"))
 	require.False(t, p.Dispatched("http://a/metrics"))
 	require.Equal(t, uint64(1), p.Unbalanced())

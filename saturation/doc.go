@@ -73,10 +73,13 @@
 // most one atomic add (no lock, no rescoring), and the very next Saturation
 // read includes the request, so a burst released between two scrapes raises
 // the pool's value as it is released instead of when the pods' metrics finally
-// show it. Saturation stays O(1) in the number of pods: the credit of a pod is
-// a hinge in its count (0 up to a threshold fixed by its last reading, then
-// 1/QueueDepthThreshold per request), and the pool keeps the sum of the hinges
-// in one atomic integer (Poller.Saturation states the precision). The older
+// show it. The credit is Scorer.Pod's: a credited request counts as a
+// waiting one in every term, the prompt-token term included. Saturation
+// stays O(1) in the number of pods: the credit of a pod is a hinge in its
+// count (0 up to a threshold fixed by its last reading, then the pod's own
+// slope per request, max(1/QueueDepthThreshold, PromptMean /
+// PromptTokenThreshold)), and the pool keeps the sum of the hinges in one
+// atomic integer (Poller.Saturation states the precision). The older
 // PollerConfig.InFlight hook, read only at scrape results and rescores, is
 // deprecated. Requests other gateway replicas have in flight (the shared view
 // of package redisshare) go in PollerConfig.PeerInFlight, read at results and

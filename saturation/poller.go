@@ -361,7 +361,6 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		p.cfg.Client = &http.Client{Transport: tr}
 		p.ownHTTP = true
 	}
-	p.live.scale = 1 / (creditUnit * cfg.Scorer.withDefaults().QueueDepthThreshold)
 	p.live.snap.Store(stoppedSnap)
 	if err := p.SetEndpoints(cfg.Endpoints); err != nil {
 		return nil, err
@@ -377,9 +376,10 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 // and a few flops: no I/O, lock or allocation, whatever the number of pods.
 //
 // At rest (no Dispatched, Finished or result half applied) it equals
-// Scorer.Pool over the readings with each pod's in-flight count, to within
-// 2^−17/QueueDepthThreshold plus float rounding: each pod's credit
-// threshold is held to 1/65536 of a request (see Dispatched). While results
+// Scorer.Pool over the readings with each pod's in-flight count (the
+// prompt-token term and any Projection included), to within 2^−25 plus
+// float rounding: each pod's credit is held to 2^−24 of a score, and at most
+// 2^20 (see saturation/credit.go). While results
 // and dispatches are being applied, a read may see one of them half applied:
 // a pod's new reading without its new credit term, or the reverse.
 func (p *Poller) Saturation() float64 { return p.live.saturation() }
@@ -415,8 +415,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 			pd = &pod{PodReading: PodReading{Endpoint: ep, Score: 1, Reason: ReasonNotScraped}}
 			// A pod removed and added back resumes its in-flight count.
 			if pd.cr = old[ep]; pd.cr == nil {
-				pd.cr = &credit{}
-				pd.cr.word.Store(creditTMask)
+				pd.cr = newCredit()
 			}
 			pd.cr.removed.Store(false)
 			if p.run != nil {
@@ -431,7 +430,7 @@ func (p *Poller) SetEndpoints(endpoints []string) error {
 		if pods[ep] == nil {
 			// Out of the score; kept while requests to it are in
 			// flight so that their Finished calls still land.
-			p.live.setThreshold(c, creditTMask)
+			p.live.setHinge(c, noCredit.t, noCredit.slope)
 			c.removed.Store(true)
 			if c.count() > 0 {
 				credits[ep] = c
@@ -530,18 +529,18 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	pd.Owed = now.Sub(at)
 	pd.Score = p.scorer.Pod(pd.Reading, at)
 	pd.Usable = p.scorer.Usable(pd.Reading, at)
-	t := uint64(creditTMask) // no credit
+	t, slope := noCredit.t, noCredit.slope
 	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
-		// credit = max(0, own + peers − T) = max(0, own − (T − peers)),
-		// and when peers ≥ T it is own + (peers − T) for every own ≥ 0.
-		th := p.scorer.creditThreshold(pd.Reading) - float64(pd.peers)
-		if th < 0 {
-			pd.Score += -th / p.scorer.withDefaults().QueueDepthThreshold
-			th = 0
+		// credit = m·max(0, own + peers − T) = m·max(0, own − (T − peers)),
+		// and when peers ≥ T it is m·(own + (peers − T)) for every own ≥ 0.
+		t, slope = p.scorer.creditHinge(pd.Reading)
+		t -= float64(pd.peers)
+		if t < 0 {
+			pd.Score += -t * slope
+			t = 0
 		}
-		t = quantizeThreshold(th)
 	}
-	p.live.setThreshold(pd.cr, t)
+	p.live.setHinge(pd.cr, t, slope)
 	switch {
 	case pd.Usable:
 		pd.Reason = ""

@@ -317,16 +317,18 @@ func TestPromptTokenTermProperties(t *testing.T) {
 	})
 }
 
-// TestCreditThresholdWithProjection: the live credit's threshold T is the
+// TestCreditThresholdWithProjection: the live credit's hinge (T, m) is the
 // in-flight count at which Pod with the credit starts to exceed Pod without
-// it, with the projection on as with it off, so the poller's hinge matches
-// the scorer where the queue term takes over.
+// it and the rate at which it then grows, with the projection on as with it
+// off and with the prompt-token term, so the poller's hinge is the scorer's
+// credit at every count.
 func TestCreditThresholdWithProjection(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		s := Scorer{InFlightCredit: true, Projection: rapid.SampledFrom([]KVProjection{ProjectNone, ProjectCompletion, ProjectSteady}).Draw(t, "projection")}
+		s := Scorer{InFlightCredit: true, Projection: rapid.SampledFrom([]KVProjection{ProjectNone, ProjectCompletion, ProjectSteady}).Draw(t, "projection"),
+			PromptTokenThreshold: rapid.SampledFrom([]float64{0, 1024, 4096}).Draw(t, "prompt threshold")}
 		r := good(rapid.Float64Range(0, 20).Draw(t, "w"), rapid.Float64Range(0, 50).Draw(t, "r"), rapid.Float64Range(0, 1).Draw(t, "kv"))
-		r.PromptMean, r.OutputMean, r.KVCapacity = 1000, 500, 1e4
-		th := s.creditThreshold(r)
+		r.PromptMean, r.OutputMean, r.KVCapacity = rapid.Float64Range(0, 4000).Draw(t, "p"), 500, 1e4
+		th, slope := s.creditHinge(r)
 		off := s
 		off.InFlightCredit = false
 		base := off.Pod(r, t0)
@@ -336,9 +338,9 @@ func TestCreditThresholdWithProjection(t *testing.T) {
 			}
 			q := r
 			q.InFlight = int64(math.Floor(f))
-			want := base + max(0, float64(q.InFlight)-th)/DefaultQueueDepthThreshold
-			if got := s.Pod(q, t0); math.Abs(got-want) > 1e-9 {
-				t.Fatalf("in flight %d, T %v: Pod %v, hinge %v", q.InFlight, th, got, want)
+			want := base + max(0, float64(q.InFlight)-th)*slope
+			if got := s.Pod(q, t0); math.Abs(got-want) > 1e-9*max(1, want) {
+				t.Fatalf("in flight %d, T %v, m %v: Pod %v, hinge %v", q.InFlight, th, slope, got, want)
 			}
 		}
 	})

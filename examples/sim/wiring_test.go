@@ -23,10 +23,12 @@ import (
 // scraped, the mean over replicas), and the two score the same pod alike: a
 // zero-config Gateway scraping a pod with 4 waiting, 2 running, KV 0.3 and a mean
 // prompt of 1,000 tokens (the prompt-token term leads), with 9 requests dispatched to
-// it, reads what the simulator's gate reads for that pod (cluster.LivePool of the
-// Scorer built from its default config), and not Scorer.Pool's exact credit, which
-// charges the credited requests their prompt tokens too. Without -credit the row is the
-// scrape alone (ticks, the reference 5), as a Gateway with NoCredit.
+// it, reads what the simulator's gate reads for that pod (Scorer.Pool of the Scorer
+// built from its default config, over the reading with those 9 in flight): the 3
+// credited requests are charged as waiting ones in the prompt-token term too, not at
+// 1/Q each as the Gateway's credit did before (the test tells the two apart). Without
+// -credit the row is the scrape alone (ticks, the reference 5), as a Gateway with
+// NoCredit.
 func TestGatewayWiringDefault(t *testing.T) {
 	o, err := parseFlags(nil, nil)
 	require.NoError(t, err)
@@ -69,11 +71,16 @@ func TestGatewayWiringDefault(t *testing.T) {
 		for range 9 {
 			gw.Poller().Dispatched(srv.URL + flowhttp.DefaultMetricsPath)
 		}
-		want := cluster.LivePool(scorer(c), []saturation.Reading{rd}, now)
-		require.InDelta(t, want, gw.Saturation(), 1e-4, "NoCredit %v", noCredit)
+		want := scorer(c).Pool([]saturation.Reading{rd}, now)
+		require.InDelta(t, want, gw.Saturation(), 1e-6, "NoCredit %v", noCredit)
 		if !noCredit {
-			exact := scorer(c).Pool([]saturation.Reading{rd}, now)
-			require.Greater(t, exact, want+0.1, "the exact credit is stronger here: the test tells them apart")
+			// 7 waiting requests' prompts over 4,096 tokens: the term leads.
+			require.InDelta(t, 7*1000.0/saturation.DefaultPromptTokenThreshold, want, 1e-9)
+			// The one-slope credit: base + (9 − T)/Q with T where the queue
+			// term alone would pass the base.
+			base := 4 * 1000.0 / saturation.DefaultPromptTokenThreshold
+			oneSlope := base + (9-(6+c.QueueThreshold*base-4))/c.QueueThreshold
+			require.Greater(t, want, oneSlope+0.5, "the test tells the exact credit from the one-slope one")
 		}
 		gw.Close()
 	}

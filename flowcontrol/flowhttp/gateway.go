@@ -38,8 +38,9 @@ const DefaultMetricsPath = "/metrics"
 // saturation.DefaultQueueDepthThreshold, 5).
 //
 // Why not 5: the credit charges each request sent since a pod's last
-// scrape at 1/Q of that pod's score as soon as the pod's queue term leads,
-// which is where a saturated chat pool sits. At Q = 5 on two pods one
+// scrape at 1/Q of that pod's score (or its prompt tokens' share, if
+// larger) as soon as the pod's queue term leads, which is where a
+// saturated chat pool sits. At Q = 5 on two pods one
 // release raises the pool score by 0.1, and the sheddable band, held near
 // 0.9 by the soft-reflective ceiling, is hard-blocked until the next
 // scrape: in the simulator at chat@80 (seed 1) it spent 61 % of the ticks
@@ -48,10 +49,12 @@ const DefaultMetricsPath = "/metrics"
 // control (5-seed median). At 6.25 a request weighs a fifth less (31 % of
 // the ticks blocked, batches of 742): 97.1 % of the throughput at a
 // critical TTFT p99 of 155 ms, inside 1.1× the 142 ms step-time bound (6
-// keeps 96.97 %, 6.5 gives 156.4 ms, over it). It costs the knee: codegen@16
-// 635 ms against 582 ms at 5 (2.3× and 2.1× the floor; the target, 2×,
-// is met by neither). The sweep is in examples/sim/README.md ("The
-// shipped wiring"); the simulator's default flowgate row runs this value.
+// keeps 96.97 %, 6.5 gives 156.4 ms, over it). It costs the knee nothing:
+// there the credit charges a request its prompt tokens (a code-generation
+// pod's slope is PromptMean/PromptTokenThreshold, above 1/Q), so
+// codegen@16 reads 534 ms at every Q from 5 to 7, 1.95× the floor. The
+// sweeps are in examples/sim/README.md ("The exact credit"); the
+// simulator's default flowgate row runs this value.
 const CreditQueueDepthThreshold = 6.25
 
 // DefaultBands is GatewayConfig.Flow.Bands' default: llm-d's two objectives,
@@ -435,8 +438,10 @@ func (g *Gateway) Close() {
 //
 // Each such request is charged as one waiting request on one of the N pods
 // (1/(Q·N) of pool score), what the poller will charge once it is forwarded
-// if the pod's queue term dominates; where the KV term does, the charge is
-// an overestimate for that brief gap, erring towards gating.
+// if the pod's request-count term dominates; where the KV term does, the
+// charge is an overestimate for that brief gap, erring towards gating, and
+// where the prompt-token term does, an underestimate (the poller charges
+// PromptMean/PromptTokenThreshold per request there).
 type releaseCredit struct {
 	poller    *saturation.Poller
 	ctrl      atomic.Pointer[flowcontrol.Controller]

@@ -201,10 +201,10 @@ func (src source) Saturation() float64 {
 	var v float64
 	switch {
 	case s.cfg.MaxOverReplicas && s.cfg.flowgate():
-		v = s.scorer.PoolMax(g.readings, s.nowTime()) // a host's own scoring: the exact credit
-	case s.scorer.InFlightCredit:
-		v = LivePool(s.scorer, g.readings, s.nowTime()) // the poller's credit, as the Gateway reads it
+		v = s.scorer.PoolMax(g.readings, s.nowTime()) // a host's own scoring
 	default:
+		// With the credit this is what the Gateway's poller reads too: its live
+		// credit is Scorer.Pool's exact one (saturation/credit.go).
 		v = s.scorer.Pool(g.readings, s.nowTime())
 	}
 	g.satCache, g.satVer, g.satOK = v, g.readVer, true
