@@ -33,7 +33,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // One size whatever FLOWGATE_FULL says: the claim needs the queues that 4 s
 // of overload builds. At 3 s the drop was −62 %, −52 % and −43 % in three
 // runs, under the claim once.
+//
+// It runs in parallel with TestWatch (which asserts nothing on latency):
+// both mostly wait on real time (about a third of a core each), and the
+// Lost check below catches a run whose backends the other starved.
 func TestEndToEndOverload(t *testing.T) {
+	t.Parallel()
 	replica := vllm.DefaultConfig()
 	load := demoLoad()
 	load.QPS = 24
