@@ -168,7 +168,12 @@ var outcomeNames = [nOutcomes]string{"ok", "backend-500", "proxy-error", "cut-mi
 //
 // It sends 100 requests by default, 200 with FLOWGATE_FULL=1 (.ci/run) and
 // 5,000 with FLOWGATE_SOAK=long.
+//
+// In parallel with the package's other slow tests: it mostly waits (its
+// clients' 5 s deadline on the hanging backend), and nothing it asserts
+// depends on how fast the machine is.
 func TestChaosBackends(t *testing.T) {
+	t.Parallel()
 	total := 100
 	switch {
 	case os.Getenv("FLOWGATE_SOAK") == "long":
