@@ -298,7 +298,12 @@ func TestRedisRestart(t *testing.T) {
 
 // TestRedisStalledRequestPathNeverBlocks SIGSTOPs Redis for 2 s while a
 // request-path goroutine reads and updates counts, timing each call.
+//
+// In parallel with the package's other slow tests (each has its own
+// redis-server): the bounds below are relative to a private loop beside it,
+// which the same scheduling noise reaches.
 func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
+	t.Parallel()
 	srv := startRedis(t)
 	a, b := newReplica(t, srv.Addr(), "a"), newReplica(t, srv.Addr(), "b")
 	b.Add("x", 2)
@@ -565,7 +570,10 @@ func (c *fakeClock) Advance(d time.Duration) {
 // syncs up to TTL of clock time, dropped beyond, and restored by the first
 // sync that succeeds. No real time has to pass. It also checks that a
 // caller's own client works and is left open by Close.
+//
+// In parallel with the package's other slow tests (its own redis-server).
 func TestFallbackOnInjectedClock(t *testing.T) {
+	t.Parallel()
 	srv := startRedis(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer client.Close()
