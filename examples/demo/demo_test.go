@@ -53,10 +53,15 @@ func TestEndToEndOverload(t *testing.T) {
 		Baseline: gateway.PolicyRef{Type: flowcontrol.StaticPolicyName, Threshold: 2 * flowcontrol.MaxSaturation}}
 
 	// The comparison is only meaningful if the fake backends ran the model
-	// at speed. On a machine too busy for that (Lost above 5 % of a
-	// phase), the counts are still checked, and the run is repeated; after
-	// three such runs the latency claim is skipped, saying why.
-	const maxLost = 0.05
+	// at speed. On a machine too busy for that (Lost above BusyLost, 2 %
+	// of a phase: where the table itself warns that the machine is too
+	// busy), the counts are still checked, and the run is repeated; after
+	// three such runs the latency claim is skipped, saying why. The bound
+	// was 5 %: a run whose table warned of a 4 % lag was judged and failed
+	// (soft-reflective's critical p99 1169 ms, p50 twice its usual; the
+	// backends and the proxy share this starved process). Lags over 2 %
+	// came in 1 of 9 runs of the whole suite and 2 of 16 of the package.
+	const maxLost = BusyLost
 	for attempt := 1; ; attempt++ {
 		results, err := RunDemo(context.Background(), spec)
 		require.NoError(t, err)
