@@ -33,7 +33,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // One size whatever FLOWGATE_FULL says: the claim needs the queues that 4 s
 // of overload builds. At 3 s the drop was −62 %, −52 % and −43 % in three
 // runs, under the claim once.
+//
+// It runs in parallel with TestWatch (which asserts nothing on latency):
+// both mostly wait on real time (about a third of a core each), and the
+// Lost check below catches a run whose backends the other starved. Beside
+// it the drop was −59 % to −72 % over 13 judged runs on 2026-12-04 (alone,
+// in the same hour: −62 % to −73 % over 11).
 func TestEndToEndOverload(t *testing.T) {
+	t.Parallel()
 	replica := vllm.DefaultConfig()
 	load := demoLoad()
 	load.QPS = 24
@@ -48,10 +55,15 @@ func TestEndToEndOverload(t *testing.T) {
 		Baseline: gateway.PolicyRef{Type: flowcontrol.StaticPolicyName, Threshold: 2 * flowcontrol.MaxSaturation}}
 
 	// The comparison is only meaningful if the fake backends ran the model
-	// at speed. On a machine too busy for that (Lost above 5 % of a
-	// phase), the counts are still checked, and the run is repeated; after
-	// three such runs the latency claim is skipped, saying why.
-	const maxLost = 0.05
+	// at speed. On a machine too busy for that (Lost above BusyLost, 2 %
+	// of a phase: where the table itself warns that the machine is too
+	// busy), the counts are still checked, and the run is repeated; after
+	// three such runs the latency claim is skipped, saying why. The bound
+	// was 5 %: a run whose table warned of a 4 % lag was judged and failed
+	// (soft-reflective's critical p99 1169 ms, p50 twice its usual; the
+	// backends and the proxy share this starved process). Lags over 2 %
+	// came in 1 of 9 runs of the whole suite and 2 of 16 of the package.
+	const maxLost = BusyLost
 	for attempt := 1; ; attempt++ {
 		results, err := RunDemo(context.Background(), spec)
 		require.NoError(t, err)

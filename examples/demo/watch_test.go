@@ -17,8 +17,10 @@ var liveLine = regexp.MustCompile(`(?m)^ +\d+(\.\d)?s +\d+\.\d\d\*? +\d+ +\d+ `)
 // TestWatch runs the watch mode for a few seconds of arrivals, with the
 // no-flow-control contrast, and once interrupted (Ctrl-C) mid-run. It checks
 // the output's shape (live lines, the summary) and that every request sent
-// got exactly one outcome; it asserts nothing on latencies.
+// got exactly one outcome; it asserts nothing on latencies. Its two runs,
+// and TestEndToEndOverload, run in parallel: they mostly wait on real time.
 func TestWatch(t *testing.T) {
+	t.Parallel()
 	checkPhases := func(t *testing.T, phases []*WatchPhase) {
 		t.Helper()
 		for _, ph := range phases {
@@ -30,6 +32,7 @@ func TestWatch(t *testing.T) {
 	}
 
 	t.Run("short", func(t *testing.T) {
+		t.Parallel()
 		load := watchLoad()
 		load.Duration = 3 * time.Second
 		load.Drain = 30 * time.Second
@@ -62,6 +65,7 @@ func TestWatch(t *testing.T) {
 	})
 
 	t.Run("interrupted", func(t *testing.T) {
+		t.Parallel()
 		load := watchLoad() // a minute of arrivals, stopped after 2 s
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(2*time.Second, cancel)

@@ -145,8 +145,10 @@ func closedWithin(c net.Conn, br *bufio.Reader, d time.Duration) bool {
 	return err != nil
 }
 
-// Idle keep-alive connections are closed after -idle-timeout.
+// Idle keep-alive connections are closed after -idle-timeout. In parallel
+// with the package's other slow tests (see TestBinaryReplicasShareInFlight).
 func TestBinaryIdleConnectionsClosed(t *testing.T) {
+	t.Parallel()
 	b := newStub(t, 50)
 	r := runProxy(t, 0, b.srv.URL, "-idle-timeout", "300ms")
 	type conn struct {
@@ -393,7 +395,11 @@ func rssOf(t *testing.T, pid int) int64 {
 // all 48 held),
 // the uploads beyond the budget are refused 429 body-memory-full, and a
 // critical request sent meanwhile is served.
+//
+// In parallel with the package's other slow tests: its RSS is the proxy
+// process's own, and its 3 s are mostly a wait.
 func TestBinaryStalledUploadsBoundedRSS(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc to read the proxy's RSS")
 	}

@@ -479,7 +479,14 @@ func waitMetric(t *testing.T, client *http.Client, what string, bound time.Durat
 // test that must not flake. The backends' imbalance is logged too: it is
 // small either way (least own in-flight already spreads round-robin
 // clients), so the gain is most likely the in-flight credit's.
+//
+// It is the package's longest test and mostly waits on real time (13 s of
+// CPU, the proxies' included, in 23 s alone), so it runs in parallel with the other slow ones
+// (TestChaosBackends, TestBinaryStalledUploadsBoundedRSS,
+// TestBinaryIdleConnectionsClosed); its proxies are their own processes, and
+// what it asserts on time is guarded by the backends' lag, as beside a CPU hog.
 func TestBinaryReplicasShareInFlight(t *testing.T) {
+	t.Parallel()
 	if raceEnabled {
 		// The replicas it checks are proxy binaries built without the
 		// race detector: under -race only this client and the fake

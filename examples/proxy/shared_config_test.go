@@ -138,6 +138,18 @@ func TestSharedInFlightSteersPick(t *testing.T) {
 	a, asrv := runGateway(t, shared("a"), gateway.Options{}, true, x.srv.URL)
 	b, bsrv := runGateway(t, shared("b"), gateway.Options{}, true, x.srv.URL, y.srv.URL)
 	eventually(t, "the replicas see each other", func() bool { return a.Shared().Peers() == 1 && b.Shared().Peers() == 1 })
+	// The poller reads both pods idle (runGateway), but b's choice reads
+	// its copy of that verdict, taken once per scrape interval: one taken
+	// before Y's first scrape passes Y over, and b would send everything
+	// to X (seen once under load).
+	eventually(t, "b's choice sees both backends usable", func() bool {
+		for _, s := range b.Backends() {
+			if s.Unusable || !s.FailedAt.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
 
 	var wg sync.WaitGroup
 	post := func(front string) {

@@ -42,6 +42,14 @@ func (l *logSink) WithGroup(string) slog.Handler      { return l }
 
 // lines returns the logged messages, each abbreviated to "up", "down" or
 // "stopped" when it is a transition line.
+// upLast reports whether the last transition logged is up. The state
+// flips before its line is written, so a test that reads the log after
+// seeing the state up waits for this too (once seen: [up down]).
+func (l *logSink) upLast() bool {
+	ls := l.lines()
+	return len(ls) > 0 && ls[len(ls)-1] == "up"
+}
+
 func (l *logSink) lines() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -288,7 +296,8 @@ func TestRedisRestart(t *testing.T) {
 	srv.Restart()
 	restarted := time.Now()
 	require.Eventually(t, func() bool {
-		return a.State() == Up && b.State() == Up && a.InFlight("x") == 3 && b.InFlight("x") == 3
+		return a.State() == Up && b.State() == Up && a.InFlight("x") == 3 && b.InFlight("x") == 3 &&
+			a.log.upLast() && b.log.upLast()
 	}, 2*time.Second, time.Millisecond)
 	t.Logf("recovered %v after Redis restarted", time.Since(restarted).Round(time.Millisecond))
 	require.Equal(t, 1.0, a.gauge(t, "flowgate_shared_inflight_up"))
@@ -298,7 +307,12 @@ func TestRedisRestart(t *testing.T) {
 
 // TestRedisStalledRequestPathNeverBlocks SIGSTOPs Redis for 2 s while a
 // request-path goroutine reads and updates counts, timing each call.
+//
+// In parallel with the package's other slow tests (each has its own
+// redis-server): the bounds below are relative to a private loop beside it,
+// which the same scheduling noise reaches.
 func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
+	t.Parallel()
 	srv := startRedis(t)
 	a, b := newReplica(t, srv.Addr(), "a"), newReplica(t, srv.Addr(), "b")
 	b.Add("x", 2)
@@ -346,7 +360,7 @@ func TestRedisStalledRequestPathNeverBlocks(t *testing.T) {
 	require.Less(t, r.slow, noise.slow+500*time.Millisecond,
 		"time spent in request-path rounds over 1 ms during the 2 s stall, beyond the noise")
 	require.Less(t, r.worst, time.Second, "a request-path round waited half the stall")
-	require.Eventually(t, func() bool { return a.State() == Up && a.InFlight("x") == 2 }, 2*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a.State() == Up && a.InFlight("x") == 2 && a.log.upLast() }, 2*time.Second, time.Millisecond)
 	requireTransitions(t, a.log.lines())
 }
 
@@ -565,7 +579,10 @@ func (c *fakeClock) Advance(d time.Duration) {
 // syncs up to TTL of clock time, dropped beyond, and restored by the first
 // sync that succeeds. No real time has to pass. It also checks that a
 // caller's own client works and is left open by Close.
+//
+// In parallel with the package's other slow tests (its own redis-server).
 func TestFallbackOnInjectedClock(t *testing.T) {
+	t.Parallel()
 	srv := startRedis(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer client.Close()

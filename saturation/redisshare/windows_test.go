@@ -35,7 +35,11 @@ func windowRounds(t *testing.T) int {
 // closed. The survivor stays up throughout. The figures are logged for the
 // package doc; what is asserted is that the phantom is there at the kill,
 // leaves by itself, and never drops the survivor's own count.
+//
+// In parallel with the package's other slow tests (its own redis-server):
+// it asserts no bound on the window.
 func TestPhantomLoadWindow(t *testing.T) {
+	t.Parallel()
 	srv := startRedis(t)
 	a := newDefaultReplica(t, srv.Addr(), "survivor")
 	a.Add("x", 3)
@@ -66,7 +70,11 @@ func TestPhantomLoadWindow(t *testing.T) {
 // counts (Down), which errs open: it sees less load than there is. After
 // SIGCONT the view is shared again. The figures are logged for the package
 // doc.
+//
+// In parallel with the package's other slow tests (its own redis-server):
+// it asserts no bound on the windows.
 func TestFrozenViewWindow(t *testing.T) {
+	t.Parallel()
 	srv := startRedis(t)
 	a, b := newDefaultReplica(t, srv.Addr(), "a"), newDefaultReplica(t, srv.Addr(), "b")
 	a.Add("x", 1)

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// pick prefers backends that neither failed within ejectFor nor have
+// pick prefers backends that neither failed within EjectFor nor have
 // unusable metrics, by fewest in flight; when every backend is avoided it
 // falls back to the fewest in flight among all.
 func TestPickAvoidsFailedAndUnusableBackends(t *testing.T) {
@@ -25,8 +25,8 @@ func TestPickAvoidsFailedAndUnusableBackends(t *testing.T) {
 	for range 10 {
 		require.Same(t, healthy, p.pick())
 	}
-	// A failure older than ejectFor no longer counts.
-	failed.failedAt.Store(time.Now().Add(-2 * ejectFor).UnixNano())
+	// A failure older than EjectFor no longer counts.
+	failed.failedAt.Store(time.Now().Add(-2 * EjectFor).UnixNano())
 	require.Same(t, failed, p.pick(), "fewest in flight among the eligible")
 	// Every backend avoided: fewest in flight among all.
 	failed.failedAt.Store(time.Now().UnixNano())

@@ -94,6 +94,35 @@ type Options struct {
 	// band, the status sent (0: none, the client left) and the reason
 	// ("forwarded" when the backend answered). Tests wait on it.
 	OnFinish func(band, code int, reason string)
+	// OnPick, if set, is called on every choice of a backend, on the
+	// request path: with the instant the choice was made, every backend
+	// as the choice saw it (in Backends order) and the index of the one
+	// chosen (see BackendState). Tests check the routing with it.
+	OnPick func(now time.Time, backends []BackendState, picked int)
+}
+
+// BackendState is what the choice of a backend knows of one: the backend
+// is passed over while it failed within EjectFor or its metrics are
+// unusable, unless every backend is in that state.
+type BackendState struct {
+	URL string // as in Options.Backends
+	// FailedAt is the backend's last failed answer (a 5xx or a transport
+	// error, as the proxy saw it); zero if none, or if it answered well
+	// since.
+	FailedAt time.Time
+	// Unusable: the poller's last verdict on the backend's /metrics was
+	// failed, stale or never scraped (copied once per scrape interval).
+	Unusable bool
+}
+
+// newBackendState is a backend's state from its failedAt (unix ns, 0:
+// none) and unusable flags.
+func newBackendState(url string, failedAt int64, unusable bool) BackendState {
+	s := BackendState{URL: url, Unusable: unusable}
+	if failedAt != 0 {
+		s.FailedAt = time.Unix(0, failedAt)
+	}
+	return s
 }
 
 type backend struct {
@@ -143,11 +172,11 @@ func (b *backend) load() int64 {
 	return b.inflight.Load()
 }
 
-// ejectFor is how long a backend that just failed (a 5xx or a transport
+// EjectFor is how long a backend that just failed (a 5xx or a transport
 // error) is passed over by pick, as long as another backend is eligible.
 // Without it a backend that fails fast has the fewest requests in flight
 // and draws the most traffic.
-const ejectFor = time.Second
+const EjectFor = time.Second
 
 // Proxy gates requests with a flowhttp.Gateway and forwards them to the
 // least-loaded backend. It is an http.Handler. Everything that protects (the
@@ -171,6 +200,7 @@ type Proxy struct {
 	okAnswers []atomic.Pointer[prometheus.Counter]
 	rr        atomic.Uint64 // tie-breaker for backend choice
 	onFinish  func(band, code int, reason string)
+	onPick    func(now time.Time, backends []BackendState, picked int)
 
 	mu          sync.Mutex
 	closeShared sync.Once
@@ -190,6 +220,7 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		cfg:      cfg,
 		logf:     opts.Logf,
 		onFinish: opts.OnFinish,
+		onPick:   opts.OnPick,
 		byMetric: map[string]*backend{},
 		reg:      prometheus.NewRegistry(),
 	}
@@ -518,6 +549,16 @@ func (p *Proxy) Answers() map[string]int {
 	return out
 }
 
+// Backends returns each backend (in Options.Backends order) as a choice
+// made now would see it.
+func (p *Proxy) Backends() []BackendState {
+	out := make([]BackendState, len(p.backends))
+	for i, b := range p.backends {
+		out[i] = newBackendState(b.label, b.failedAt.Load(), b.unusable.Load())
+	}
+	return out
+}
+
 // InFlight returns the requests this replica forwarded to each backend and
 // that have not finished (its own, without the other replicas').
 func (p *Proxy) InFlight() []int64 {
@@ -680,28 +721,39 @@ func (b *bufferPool) Put(buf []byte) {
 }
 
 // pick returns the backend with the fewest requests in flight (every
-// replica's when the view is shared; ties broken round-robin), passing over backends that failed within ejectFor or whose
+// replica's when the view is shared; ties broken round-robin), passing over backends that failed within EjectFor or whose
 // metrics the poller cannot use — unless every backend is in that state —
-// or nil if there is none.
+// or nil if there is none. It tells Options.OnPick what it saw.
 func (p *Proxy) pick() *backend {
 	n := len(p.backends)
 	if n == 0 {
 		return nil
 	}
 	now := time.Now().UnixNano()
+	var seen []BackendState // for onPick only
+	if p.onPick != nil {
+		seen = make([]BackendState, n)
+	}
 	start := int(p.rr.Add(1) % uint64(n))
 	var best *backend
-	bestAvoid := true
+	bestAvoid, bestAt := true, -1
 	for i := 0; i < n; i++ {
-		b := p.backends[(start+i)%n]
-		f := b.failedAt.Load()
-		avoid := (f != 0 && now-f < int64(ejectFor)) || b.unusable.Load()
+		at := (start + i) % n
+		b := p.backends[at]
+		f, unusable := b.failedAt.Load(), b.unusable.Load()
+		avoid := (f != 0 && now-f < int64(EjectFor)) || unusable
+		if seen != nil {
+			seen[at] = newBackendState(b.label, f, unusable)
+		}
 		switch {
 		case best == nil,
 			bestAvoid && !avoid,
 			avoid == bestAvoid && b.load() < best.load():
-			best, bestAvoid = b, avoid
+			best, bestAvoid, bestAt = b, avoid, at
 		}
+	}
+	if p.onPick != nil {
+		p.onPick(time.Unix(0, now), seen, bestAt)
 	}
 	return best
 }
