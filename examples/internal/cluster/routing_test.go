@@ -120,7 +120,7 @@ func TestInFlightRoutingPicksFewest(t *testing.T) {
 		}
 		routes := 0
 		var bad string
-		c.onRoute = func(s *sim, g *gateway, r int) {
+		c.onRoute = func(s *sim, g *gateway, r int, _ int32) {
 			routes++
 			for j := range s.replicas {
 				if bad == "" && s.seen(g, j) < s.seen(g, r) {
@@ -192,4 +192,63 @@ func TestRoutingConfigError(t *testing.T) {
 	_, err := Run(c)
 	require.True(t, errors.Is(err, ErrInvalidConfig), "%v", err)
 	require.True(t, strings.Contains(err.Error(), "Routing"), "the error names the field: %v", err)
+}
+
+// TestCriticalKVRoutingKeepsHeadroom checks every routing decision under
+// CriticalRoutingKV: a critical request goes to a replica with the configured KV
+// headroom at the gateway's last scrape whenever one has it; a sheddable one, and
+// every request without backend priority under CriticalRoutingKVWithPriority, is
+// routed as Routing routes it (the run is the same as with CriticalRoutingSame).
+func TestCriticalKVRoutingKeepsHeadroom(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := rapid.SampledFrom([]workload.Workload{workload.Codegen, workload.Reasoning}).Draw(t, "workload")
+		qps := map[string]float64{"codegen": 16, "reasoning": 6}[w.Name] * rapid.Float64Range(0.5, 1.5).Draw(t, "load")
+		c := Config{Workload: w, QPS: qps, Duration: 3 * time.Second, CV: -1, BackendPriority: true,
+			CriticalRouting:    CriticalRoutingKV,
+			CriticalKVHeadroom: rapid.Float64Range(0.001, 1).Draw(t, "headroom"),
+			Routing:            rapid.SampledFrom(Routings()).Draw(t, "routing"),
+			Policy:             rapid.SampledFrom([]string{None, SoftReflective}).Draw(t, "policy"),
+			Seed:               rapid.Uint64Range(1, 1000).Draw(t, "seed"),
+			Replicas:           rapid.IntRange(1, 4).Draw(t, "replicas"),
+			Credit:             true,
+			Replica:            vllm.DefaultConfig()}
+		c.Replica.TotalBlocks = rapid.IntRange(2600, 5000).Draw(t, "blocks") // caches that fill in seconds, above MaxModelLen
+		var bad string
+		critical := 0
+		c.onRoute = func(s *sim, g *gateway, r int, id int32) {
+			if !s.reqs[id].critical {
+				return
+			}
+			critical++
+			limit := 1 - c.CriticalKVHeadroom
+			for j := range s.replicas {
+				if bad == "" && g.readings[j].KVUsage <= limit && g.readings[r].KVUsage > limit {
+					bad = fmt.Sprintf("at %v a critical request went to %d at KV %.3f, %d had %.3f (limit %.3f)",
+						time.Duration(s.now), r, g.readings[r].KVUsage, j, g.readings[j].KVUsage, limit)
+				}
+			}
+		}
+		if _, err := run(c); err != nil {
+			t.Fatal(err)
+		}
+		if bad != "" {
+			t.Fatal(bad)
+		}
+		// Without backend priority, kv-bp routes as Routing does.
+		c.onRoute = nil
+		c.BackendPriority = false
+		c.CriticalRouting = CriticalRoutingKVWithPriority
+		a, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.CriticalRouting = CriticalRoutingSame
+		b, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a != b {
+			t.Fatalf("kv-bp without backend priority differs from same:\n%+v\n%+v", a, b)
+		}
+	})
 }
