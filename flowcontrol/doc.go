@@ -31,11 +31,11 @@
 // goroutine.
 //
 // The policies are pure functions of (band, bands, saturation): Static
-// (one threshold for every band: blocked at it, paced just below it so that
-// a reopening does not release the whole backlog at once, open further
-// below; llm-d's meaning, which a migrated config gets, and with
-// StaticConfig.PaceCritical, an explicit flowgate option, band 0 paced
-// rather than blocked at the threshold), SoftReflective (band 0 never gated; band i's ceiling
+// (one threshold for every band: lower bands blocked at it and band 0 paced
+// there, never blocked; every band paced just below it so that a reopening
+// does not release the whole backlog at once, open further below;
+// StaticConfig.BlockCritical blocks band 0 at the threshold too, llm-d's
+// meaning), SoftReflective (band 0 never gated; band i's ceiling
 // 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it, blocked at 0)
 // and PriorityHoldback (llm-d's priority-holdback-policy: a fixed ceiling
 // per band, by rank, priority value or an explicit map, each gated as

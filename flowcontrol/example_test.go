@@ -106,7 +106,10 @@ func ExamplePolicyByName() {
 		panic(err)
 	}
 	// Open well below the threshold, paced just below it (band 0 at
-	// most Every 2, band 1 slower), blocked at it.
-	fmt.Println(p.Gate(0, 2, 0.3).Every, p.Gate(0, 2, 0.7).Every, p.Gate(1, 2, 0.7).Every, p.Gate(0, 2, 0.8).Every)
-	// Output: 1 2 14 0
+	// most Every 2, band 1 slower); at it band 1 is blocked and band 0
+	// keeps Every 2 (flowgate's static never blocks critical traffic;
+	// StaticConfig.BlockCritical does, as llm-d's does).
+	fmt.Println(p.Gate(0, 2, 0.3).Every, p.Gate(0, 2, 0.7).Every, p.Gate(1, 2, 0.7).Every,
+		p.Gate(0, 2, 0.8).Every, p.Gate(1, 2, 0.8).Every)
+	// Output: 1 2 14 2 0
 }

@@ -245,16 +245,16 @@ func FuzzPolicyByName(f *testing.F) {
 			checkCeilingGate(t.Fatalf, p, band, bands, s)
 			return
 		}
-		// Static: blocked exactly when the sanitised saturation reaches
-		// the threshold, for every band; paced below it as the model
-		// says.
+		// Static: every band but band 0 blocked exactly when the
+		// sanitised saturation reaches the threshold, band 0 paced
+		// there; paced below it as the model says.
 		threshold := flowcontrol.DefaultStaticThreshold
 		if withParam {
 			threshold = value
 		}
-		if lo, hi := ceilingGateRange(threshold, band, flowcontrol.Sanitize(s)); g.Every < lo || g.Every > hi {
+		if lo, hi := staticGateRange(threshold, true, band, flowcontrol.Sanitize(s)); g.Every < lo || g.Every > hi {
 			t.Fatalf("static(%v).Gate(%d, %d, %v) = %+v, model Every in [%d, %d]", threshold, band, bands, s, g, lo, hi)
 		}
-		checkCeilingGate(t.Fatalf, p, band, bands, s)
+		checkStaticGate(t.Fatalf, p.(*flowcontrol.Static), band, bands, s)
 	})
 }

@@ -98,13 +98,24 @@ func TestStaticGateProperties(t *testing.T) {
 		bands := rapid.IntRange(-1, 10).Draw(t, "bands")
 		band := rapid.IntRange(-2, 12).Draw(t, "band")
 		s := saturationGen().Draw(t, "s")
+		// With BlockCritical, Static is the plain fixed-ceiling gate at
+		// one threshold; by default band 0 is paced where it would block.
+		bc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, BlockCritical: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkCeilingGate(t.Fatalf, bc, band, bands, s)
 		p := flowcontrol.NewStatic(threshold)
-		checkCeilingGate(t.Fatalf, p, band, bands, s)
-		// One threshold: every band's ceiling is it, and every band is
-		// blocked together.
+		checkStaticGate(t.Fatalf, p, band, bands, s)
+		// One threshold: every band's ceiling is it, and every band
+		// but band 0 is blocked together (band 0 only with BlockCritical).
 		for b := range max(bands, 1) {
-			if g := p.Gate(b, bands, s); g.Ceiling != threshold || (g.Every == 0) != (flowcontrol.Sanitize(s) >= threshold) {
+			blocked := flowcontrol.Sanitize(s) >= threshold
+			if g := p.Gate(b, bands, s); g.Ceiling != threshold || (g.Every == 0) != (blocked && b > 0) {
 				t.Fatalf("static(%v).Gate(%d, %d, %v) = %+v", threshold, b, bands, s, g)
+			}
+			if g := bc.Gate(b, bands, s); g.Ceiling != threshold || (g.Every == 0) != blocked {
+				t.Fatalf("static(%v, BlockCritical).Gate(%d, %d, %v) = %+v", threshold, b, bands, s, g)
 			}
 		}
 	})

@@ -55,9 +55,10 @@ func Sanitize(s float64) float64 {
 	return s
 }
 
-// Static applies one threshold to every band, band 0 included: every band is
-// blocked when saturation ≥ threshold. With threshold 1.0 it is the usual
-// "constant ceiling" baseline, llm-d's static-usage-limit-policy.
+// Static applies one threshold to every band: every band but band 0 is
+// blocked when saturation ≥ threshold, and band 0 is paced there (see
+// below). With threshold 1.0 it is the usual "constant ceiling" baseline,
+// flowgate's form of llm-d's static-usage-limit-policy.
 //
 // Below the threshold a band is not simply open: Static paces the approach
 // to its ceiling (see ceilingGate), so that a band reopening after a block
@@ -73,7 +74,8 @@ func Sanitize(s float64) float64 {
 // reading is to the threshold, and lower bands less than higher ones.
 // The gates, for threshold t and sanitised saturation s:
 //
-//	s ≥ t                 every band blocked (Every 0)
+//	s ≥ t                 band 0: Every MaxCriticalEvery (0 with BlockCritical);
+//	                      band i ≥ 1: blocked (Every 0)
 //	r = round(s/(t−s)) ≤ 1 (s ≤ t/2 and a little above): every band open
 //	otherwise             band 0: Every min(r, MaxCriticalEvery);
 //	                      band i ≥ 1: Every r·(1+i) (capped at MaxEvery)
@@ -82,22 +84,26 @@ func Sanitize(s float64) float64 {
 // SoftReflective gives the last of two bands, with t in place of 1 (s = 0.75t
 // gives 3, 0.9t gives 9).
 //
-// Blocking band 0 at s ≥ t is llm-d's meaning of static-usage-limit-policy,
-// and what NewStatic and PolicyByName build, so that a migrated llm-d config
-// behaves as it did there. It has a price where the pool reads saturated
-// for long stretches while its replicas could still admit (KV-bound work,
-// where the KV term reads ≥ 1 from 80 % of the cache): there a critical
-// request waits at the gateway for completions, where with no flow control
-// it would have been admitted at once (and preempted later). Measured in
-// examples/sim (reasoning@0.7 and @1.2, critical TTFT p99 108 s and 188 s
-// against 87.8 s and 152 s with none), no pacing below t recovers it
-// without holding the sheddable band far below t, which is a second
-// ceiling (PriorityHoldback), not a static one. StaticConfig.PaceCritical
-// is the explicit alternative: band 0 keeps one opportunity in
-// MaxCriticalEvery at and above t.
+// At and above t, band 0 is not blocked: it keeps one opportunity in
+// MaxCriticalEvery (the Every it has just below t, so the gate does not step
+// when the reading crosses t), and every lower band is blocked. Why: where
+// the pool reads saturated for long stretches while its replicas could
+// still admit (KV-bound work, where the KV term reads ≥ 1 from 80 % of the
+// cache, and the pool mean hides a replica with room), a blocked critical
+// band waits at the gateway for completions to bring the reading down,
+// where with no flow control it would have been admitted at once. Measured
+// in examples/sim with every band blocked at t (reasoning@0.7 and @1.2,
+// critical TTFT p99 108 s and 188 s against 87.8 s and 152 s with no flow
+// control), no pacing below t recovered it without holding the sheddable
+// band far below t, which is a second ceiling (PriorityHoldback); pacing
+// band 0 at t did (6.8 s and 136 s), with every other point as good or
+// better. This is flowgate's rule, as SoftReflective never gates band 0:
+// llm-d's static-usage-limit-policy blocks every band at s ≥ t, which
+// StaticConfig.BlockCritical reproduces (and llmd.NewStatic with llm-d's
+// whole dispatch discipline).
 type Static struct {
-	threshold    float64
-	paceCritical bool
+	threshold     float64
+	blockCritical bool
 }
 
 // StaticConfig configures NewStaticConfig.
@@ -105,19 +111,16 @@ type StaticConfig struct {
 	// Threshold is the ceiling t of every band: 0 means
 	// DefaultStaticThreshold; otherwise a number > 0 (+Inf never blocks).
 	Threshold float64
-	// PaceCritical, if set, keeps band 0 paced at one opportunity in
-	// MaxCriticalEvery at and above the threshold instead of blocking it
-	// (at the default Tick and Burst: 500 critical releases/s while the
-	// pool reads saturated; lower bands are blocked there as without it).
-	// It is flowgate's extension and not what static means in llm-d, where
-	// no band is released at s ≥ t: set it knowingly. Why it exists: where
-	// the pool reads saturated for long stretches while its replicas can
-	// still admit (the KV term reads 1 at 80 % of the cache; the pool mean
-	// hides a replica with room), a blocked critical band waits at the
-	// gateway for the reading to drop. Measured in examples/sim it takes
-	// critical TTFT p99 at reasoning@0.7 from 108 s to 6.8 s (none: 87.8 s)
-	// and at reasoning@1.2 from 188 s to 136 s (none: 152 s).
-	PaceCritical bool
+	// BlockCritical, if set, blocks band 0 at and above the threshold
+	// like every other band: llm-d's meaning of static-usage-limit-policy,
+	// where no band is released at s ≥ t. Unset (the default), band 0 keeps
+	// one opportunity in MaxCriticalEvery there (at the default Tick and
+	// Burst, 500 critical releases/s while the pool reads saturated), so a
+	// critical request is not held at the gateway while a replica could
+	// start it. Set it to reproduce an llm-d deployment's gate exactly, or
+	// where the threshold must be a hard stop for every request; see Static
+	// for what it costs (measured in examples/sim).
+	BlockCritical bool
 }
 
 // NewStaticConfig returns the static policy c describes, or an error
@@ -132,7 +135,7 @@ func NewStaticConfig(c StaticConfig) (*Static, error) {
 		return nil, fmt.Errorf("%w: StaticConfig.Threshold must be a number > 0 (0 = default %v), got %v",
 			ErrInvalidConfig, DefaultStaticThreshold, c.Threshold)
 	}
-	return &Static{threshold: t, paceCritical: c.PaceCritical}, nil
+	return &Static{threshold: t, blockCritical: c.BlockCritical}, nil
 }
 
 // MaxCriticalEvery is the largest Every Static and PriorityHoldback give band
@@ -142,10 +145,12 @@ func NewStaticConfig(c StaticConfig) (*Static, error) {
 // Tick and Burst), while lower bands slow down without bound.
 const MaxCriticalEvery = 2
 
-// NewStatic returns the static policy with the given threshold. A NaN
-// threshold is replaced by DefaultStaticThreshold. A threshold ≤ 0 blocks
-// every band, band 0 included, at every saturation, forever; NewStatic
-// allows it (a test may want a closed gate), PolicyByName refuses it.
+// NewStatic returns the static policy with the given threshold (band 0 paced,
+// not blocked, at and above it; StaticConfig.BlockCritical for llm-d's
+// meaning). A NaN threshold is replaced by DefaultStaticThreshold. A
+// threshold ≤ 0 blocks every band but band 0 at every saturation, forever;
+// NewStatic allows it (a test may want a closed gate), PolicyByName refuses
+// it.
 func NewStatic(threshold float64) *Static {
 	if threshold != threshold {
 		threshold = DefaultStaticThreshold
@@ -156,17 +161,18 @@ func NewStatic(threshold float64) *Static {
 // Threshold returns the policy's threshold.
 func (p *Static) Threshold() float64 { return p.threshold }
 
-// PacesCritical reports whether band 0 stays paced at and above the
-// threshold (StaticConfig.PaceCritical) rather than blocked.
-func (p *Static) PacesCritical() bool { return p.paceCritical }
+// BlocksCritical reports whether band 0 is blocked at and above the
+// threshold like every other band (StaticConfig.BlockCritical, llm-d's
+// meaning) rather than paced (the default).
+func (p *Static) BlocksCritical() bool { return p.blockCritical }
 
-// Gate returns the band's gate at the threshold: blocked (Every 0) when
-// saturation ≥ threshold, for every band (band 0 excepted with
-// PaceCritical: Every MaxCriticalEvery there); paced just below it; open
+// Gate returns the band's gate at the threshold: when saturation ≥
+// threshold, band 0 paced at Every MaxCriticalEvery (blocked, Every 0, with
+// BlockCritical) and every other band blocked; paced just below it; open
 // (Every 1) further below. NaN saturation counts as 1. See Static.
 func (p *Static) Gate(band, bands int, saturation float64) Gate {
 	s := Sanitize(saturation)
-	if p.paceCritical && band <= 0 && !(s < p.threshold) {
+	if !p.blockCritical && band <= 0 && !(s < p.threshold) {
 		// The same Every band 0 has just below the threshold, so the
 		// gate does not step when the reading crosses it.
 		return Gate{Ceiling: p.threshold, Every: MaxCriticalEvery}
@@ -293,9 +299,9 @@ func PolicyByName(name string, params map[string]float64) (CeilingPolicy, error)
 			if k != "threshold" {
 				return nil, fmt.Errorf("%w: policy %q has no parameter %q", ErrInvalidConfig, name, k)
 			}
-			// A threshold ≤ 0 blocks every band, band 0
-			// included, at every saturation: never what a host
-			// means, so it is refused here (NewStatic documents it).
+			// A threshold ≤ 0 blocks every band but band 0 at
+			// every saturation: never what a host means, so it
+			// is refused here (NewStatic documents it).
 			if !(v > 0) {
 				return nil, fmt.Errorf("%w: policy %q: threshold must be a number > 0, got %v", ErrInvalidConfig, name, v)
 			}

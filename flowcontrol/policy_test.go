@@ -76,7 +76,7 @@ func TestSoftReflectiveFourBands(t *testing.T) {
 func TestStatic(t *testing.T) {
 	p := flowcontrol.NewStatic(1)
 	// every[b] for bands 0, 1, 2 of 3: open up to r = round(s/(1−s)) = 1,
-	// then band 0 min(r, 2) and band i r·(1+i); blocked from 1.
+	// then band 0 min(r, 2) and band i r·(1+i); bands 1 and 2 blocked from 1.
 	for _, tc := range []struct {
 		s     float64
 		every [3]int
@@ -84,8 +84,9 @@ func TestStatic(t *testing.T) {
 		{0, [3]int{1, 1, 1}}, {0.5, [3]int{1, 1, 1}}, {0.55, [3]int{1, 1, 1}},
 		{0.6, [3]int{2, 4, 6}}, // 0.6/0.4 = 1.5 rounds up (exact arithmetic)
 		{0.75, [3]int{2, 6, 9}}, {0.9, [3]int{2, 18, 27}}, {0.99, [3]int{2, 198, 297}},
-		{1, [3]int{0, 0, 0}}, {2, [3]int{0, 0, 0}}, {math.NaN(), [3]int{0, 0, 0}},
-		{math.Inf(1), [3]int{0, 0, 0}}, {math.Inf(-1), [3]int{1, 1, 1}},
+		// From the threshold band 0 keeps MaxCriticalEvery, the rest block.
+		{1, [3]int{2, 0, 0}}, {2, [3]int{2, 0, 0}}, {math.NaN(), [3]int{2, 0, 0}},
+		{math.Inf(1), [3]int{2, 0, 0}}, {math.Inf(-1), [3]int{1, 1, 1}},
 	} {
 		for b := 0; b < 3; b++ {
 			if g := p.Gate(b, 3, tc.s); g.Every != tc.every[b] || g.Ceiling != 1 {
@@ -122,7 +123,8 @@ func TestPolicyByName(t *testing.T) {
 		t.Fatalf("static default: %v %v", p, err)
 	}
 	p, err = flowcontrol.PolicyByName("static-usage-limit-policy", map[string]float64{"threshold": 0.8})
-	if err != nil || p.Gate(0, 2, 0.8).Every != 0 || p.Gate(0, 2, 0.79).Every != 2 || p.Gate(0, 2, 0.4).Every != 1 {
+	if err != nil || p.Gate(0, 2, 0.8).Every != flowcontrol.MaxCriticalEvery || p.Gate(1, 2, 0.8).Every != 0 ||
+		p.Gate(0, 2, 0.79).Every != 2 || p.Gate(0, 2, 0.4).Every != 1 {
 		t.Fatalf("static 0.8: %v %v", p, err)
 	}
 	p, err = flowcontrol.PolicyByName("priority-holdback-policy", map[string]float64{"minCeiling": 0.4, "maxCeiling": 0.9})
@@ -277,8 +279,9 @@ func TestDispatcherClampsPolicyEvery(t *testing.T) {
 }
 
 // staticGateRange is the exact model of Static's gate with or without
-// StaticConfig.PaceCritical: band 0 at s ≥ t has Every MaxCriticalEvery when
-// paced; everything else is the fixed-ceiling rule (ceilingGateRange).
+// StaticConfig.BlockCritical: band 0 at s ≥ t has Every MaxCriticalEvery when
+// paced (the default); everything else is the fixed-ceiling rule
+// (ceilingGateRange).
 func staticGateRange(t float64, pace bool, band int, s float64) (lo, hi int) {
 	if pace && band <= 0 && !(s < t) {
 		return flowcontrol.MaxCriticalEvery, flowcontrol.MaxCriticalEvery
@@ -290,12 +293,12 @@ func staticGateRange(t float64, pace bool, band int, s float64) (lo, hi int) {
 }
 
 // checkStaticGate asserts Static's gate against the exact model for any raw
-// input, and what PaceCritical promises and keeps: lower bands are blocked
-// at s ≥ t with or without it, a lower band never opens more often than a
+// input, and what both forms promise: lower bands are blocked at s ≥ t with
+// or without BlockCritical, a lower band never opens more often than a
 // higher one, a higher saturation never opens a band more often, and
-// without PaceCritical the gate is NewStatic's.
+// without BlockCritical the gate is NewStatic's.
 func checkStaticGate(fail func(string, ...any), p *flowcontrol.Static, band, bands int, s float64) {
-	t, pace := p.Threshold(), p.PacesCritical()
+	t, pace := p.Threshold(), !p.BlocksCritical()
 	g := p.Gate(band, bands, s)
 	cs := flowcontrol.Sanitize(s)
 	if g.Ceiling != t {
@@ -310,9 +313,9 @@ func checkStaticGate(fail func(string, ...any), p *flowcontrol.Static, band, ban
 	if band > 0 && cs >= t && g.Every != 0 {
 		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v: a lower band released at s ≥ t", t, pace, band, bands, s, g)
 	}
-	if !pace {
+	if pace {
 		if want := flowcontrol.NewStatic(t).Gate(band, bands, s); g != want {
-			fail("static config without PaceCritical: Gate(%d, %d, %v) = %+v, NewStatic gives %+v", band, bands, s, g, want)
+			fail("static config without BlockCritical: Gate(%d, %d, %v) = %+v, NewStatic gives %+v", band, bands, s, g, want)
 		}
 	}
 	if band+1 < bands {
@@ -330,13 +333,13 @@ func checkStaticGate(fail func(string, ...any), p *flowcontrol.Static, band, ban
 func TestStaticConfigGateProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		threshold := rapid.OneOf(rapid.Just(1.0), rapid.Float64Range(1e-3, 5)).Draw(t, "threshold")
-		pace := rapid.Bool().Draw(t, "pace")
+		block := rapid.Bool().Draw(t, "block")
 		bands := rapid.IntRange(-1, 10).Draw(t, "bands")
 		band := rapid.IntRange(-2, 12).Draw(t, "band")
 		s := saturationGen().Draw(t, "s")
-		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, PaceCritical: pace})
+		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, BlockCritical: block})
 		if err != nil {
-			t.Fatalf("NewStaticConfig(%v, %v): %v", threshold, pace, err)
+			t.Fatalf("NewStaticConfig(%v, %v): %v", threshold, block, err)
 		}
 		checkStaticGate(t.Fatalf, p, band, bands, s)
 	})
@@ -344,53 +347,61 @@ func TestStaticConfigGateProperties(t *testing.T) {
 
 func TestNewStaticConfig(t *testing.T) {
 	p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{})
-	if err != nil || p.Threshold() != flowcontrol.DefaultStaticThreshold || p.PacesCritical() {
+	if err != nil || p.Threshold() != flowcontrol.DefaultStaticThreshold || p.BlocksCritical() {
 		t.Fatalf("zero StaticConfig: %v, %v", p, err)
 	}
-	if flowcontrol.NewStatic(1).PacesCritical() {
-		t.Fatal("NewStatic paces band 0 at the threshold: llm-d's meaning is blocked")
+	if flowcontrol.NewStatic(1).BlocksCritical() {
+		t.Fatal("NewStatic blocks band 0 at the threshold: flowgate's static paces it")
 	}
 	for _, bad := range []float64{math.NaN(), -1, math.Inf(-1), -1e-300} {
-		_, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: bad, PaceCritical: true})
+		_, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: bad, BlockCritical: true})
 		if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), "StaticConfig.Threshold") ||
 			!strings.HasPrefix(err.Error(), "flowcontrol: ") {
 			t.Errorf("NewStaticConfig(Threshold %v) err = %v, want ErrInvalidConfig naming StaticConfig.Threshold", bad, err)
 		}
 	}
-	// With PaceCritical, at and above the threshold band 0 keeps
-	// MaxCriticalEvery and the sheddable band stays blocked; below it the
-	// gates are NewStatic's.
-	pc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: 0.8, PaceCritical: true})
+	// By default, at and above the threshold band 0 keeps
+	// MaxCriticalEvery and the sheddable band stays blocked; with
+	// BlockCritical band 0 is blocked there too; below it the two agree.
+	pc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: 0.8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: 0.8, BlockCritical: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		s     float64
-		every [2]int
+		s            float64
+		every, block [2]int
 	}{
-		{0.4, [2]int{1, 1}}, {0.6, [2]int{2, 6}}, {0.79, [2]int{2, 158}},
-		{0.8, [2]int{2, 0}}, {5, [2]int{2, 0}}, {math.Inf(1), [2]int{2, 0}}, {math.NaN(), [2]int{2, 0}},
+		{0.4, [2]int{1, 1}, [2]int{1, 1}}, {0.6, [2]int{2, 6}, [2]int{2, 6}}, {0.79, [2]int{2, 158}, [2]int{2, 158}},
+		{0.8, [2]int{2, 0}, [2]int{0, 0}}, {5, [2]int{2, 0}, [2]int{0, 0}},
+		{math.Inf(1), [2]int{2, 0}, [2]int{0, 0}}, {math.NaN(), [2]int{2, 0}, [2]int{0, 0}},
 	} {
 		for b := range 2 {
 			if g := pc.Gate(b, 2, tc.s); g.Every != tc.every[b] || g.Ceiling != 0.8 {
-				t.Errorf("static(0.8, PaceCritical).Gate(%d, 2, %v) = %+v, want every %d", b, tc.s, g, tc.every[b])
+				t.Errorf("static(0.8).Gate(%d, 2, %v) = %+v, want every %d", b, tc.s, g, tc.every[b])
+			}
+			if g := bc.Gate(b, 2, tc.s); g.Every != tc.block[b] || g.Ceiling != 0.8 {
+				t.Errorf("static(0.8, BlockCritical).Gate(%d, 2, %v) = %+v, want every %d", b, tc.s, g, tc.block[b])
 			}
 		}
 	}
 }
 
-// At a saturation above the threshold, a dispatcher under PaceCritical
+// At a saturation above the threshold, a dispatcher under NewStatic
 // releases band 0 on one tick in MaxCriticalEvery (Burst 1) and nothing
-// from band 1; under NewStatic it releases nothing.
-func TestStaticPaceCriticalDispatch(t *testing.T) {
-	pc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{PaceCritical: true})
+// from band 1; with BlockCritical it releases nothing.
+func TestStaticCriticalDispatch(t *testing.T) {
+	bc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{BlockCritical: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		policy *flowcontrol.Static
 		want   int
-	}{{pc, 10 / flowcontrol.MaxCriticalEvery}, {flowcontrol.NewStatic(1), 0}} {
+	}{{flowcontrol.NewStatic(1), 10 / flowcontrol.MaxCriticalEvery}, {bc, 0}} {
 		var r rec
 		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
 			Bands: bandsOf(2, 64), Source: newSat(1.5), Policy: tc.policy, Burst: 1}}, &r)
@@ -405,11 +416,11 @@ func TestStaticPaceCriticalDispatch(t *testing.T) {
 		got := r.take()
 		for _, e := range got {
 			if e.band != 0 || e.reason != nil {
-				t.Fatalf("pace %v: event %+v at s = 1.5: only band 0 may be released", tc.policy.PacesCritical(), e)
+				t.Fatalf("block %v: event %+v at s = 1.5: only band 0 may be released", tc.policy.BlocksCritical(), e)
 			}
 		}
 		if len(got) != tc.want {
-			t.Errorf("pace %v: %d band-0 releases in 10 ticks at s = 1.5, want %d", tc.policy.PacesCritical(), len(got), tc.want)
+			t.Errorf("block %v: %d band-0 releases in 10 ticks at s = 1.5, want %d", tc.policy.BlocksCritical(), len(got), tc.want)
 		}
 	}
 }
@@ -427,8 +438,8 @@ func FuzzStaticConfig(f *testing.F) {
 	f.Add(-1.0, false, 0, 2, 1.0)
 	f.Add(math.Inf(1), true, 0, 2, math.Inf(1))
 	f.Add(1e-300, true, 0, 2, 0.0)
-	f.Fuzz(func(t *testing.T, threshold float64, pace bool, band, bands int, s float64) {
-		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, PaceCritical: pace})
+	f.Fuzz(func(t *testing.T, threshold float64, block bool, band, bands int, s float64) {
+		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, BlockCritical: block})
 		if valid := threshold == 0 || threshold > 0; valid != (err == nil) {
 			t.Fatalf("NewStaticConfig(%v): err %v, model says valid=%v", threshold, err, valid)
 		}

@@ -97,7 +97,7 @@ func checkInvalid(t *testing.T, ctor, field string, err error) {
 }
 
 // TestStaticThresholdValidation: a static threshold ≤ 0 or NaN blocks every
-// band, band 0 included, forever; PolicyByName refuses it.
+// band but band 0 forever; PolicyByName refuses it.
 func TestStaticThresholdValidation(t *testing.T) {
 	for _, v := range []float64{0, -1, math.NaN(), math.Inf(-1)} {
 		_, err := flowcontrol.PolicyByName(flowcontrol.StaticPolicyName, map[string]float64{"threshold": v})
@@ -118,7 +118,7 @@ func TestDeadlineSaturates(t *testing.T) {
 	clk := newFakeClock()
 	var r rec
 	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-		Bands: bandsOf(1, 4, 2562047*time.Hour), Source: newSat(5), Policy: flowcontrol.NewStatic(1), Now: clk.Now,
+		Bands: bandsOf(1, 4, 2562047*time.Hour), Source: newSat(5), Policy: closedStatic(t), Now: clk.Now,
 	}}, &r)
 	clk.Advance(time.Hour)
 	if err := d.Enqueue(0, 1); err != nil {
@@ -137,7 +137,7 @@ func TestDeadlineSaturates(t *testing.T) {
 	clk2 := newFakeClock()
 	var r2 rec
 	d2 := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-		Bands: bandsOf(1, 4, time.Nanosecond), Source: newSat(5), Policy: flowcontrol.NewStatic(1), Now: clk2.Now,
+		Bands: bandsOf(1, 4, time.Nanosecond), Source: newSat(5), Policy: closedStatic(t), Now: clk2.Now,
 	}}, &r2)
 	if err := d2.Enqueue(0, 1); err != nil {
 		t.Fatal(err)

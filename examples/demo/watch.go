@@ -72,7 +72,7 @@ var (
 		},
 		ContrastStatic: {
 			name: "static ceiling",
-			desc: "static threshold 1.0: every band, critical included, held while saturation ≥ 1",
+			desc: "static threshold 1.0: sheddable held while saturation ≥ 1, critical paced there (one tick in two)",
 			ref:  gateway.PolicyRef{Type: flowcontrol.StaticPolicyName, Threshold: 1.0},
 		},
 	}

@@ -89,7 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	wl := fs.String("workload", "all", "workload: codegen, chat, reasoning or all")
 	qps := fs.String("qps", "", "comma-separated request rates (default: the published points of each workload)")
 	pol := fs.String("policy", strings.Join(defaultPolicies, ","),
-		"comma-separated policies: none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback, static-pace-critical (both = static,soft-reflective)")
+		"comma-separated policies: none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback, static-block-critical (both = static,soft-reflective)")
 	fs.BoolVar(&o.floor, "floor", true, "also run the floor: the same critical arrivals with no sheddable traffic")
 	fs.DurationVar(&o.duration, "duration", 10*time.Minute, "arrival window (the pool then drains)")
 	fs.Uint64Var(&o.seed, "seed", 1, "first random seed (same seeds, same output)")
@@ -174,12 +174,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		case "both":
 			o.policies = append(o.policies, cluster.Static, cluster.SoftReflective)
 		case cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.LLMDPriorityHoldback,
-			cluster.Static, cluster.SoftReflective, cluster.PriorityHoldback, cluster.StaticPaceCritical:
+			cluster.Static, cluster.SoftReflective, cluster.PriorityHoldback, cluster.StaticBlockCritical:
 			o.policies = append(o.policies, f)
 		case cluster.Floor:
 			o.floor = true
 		default:
-			return o, fmt.Errorf("-policy: %q must be none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback, static-pace-critical or both", f)
+			return o, fmt.Errorf("-policy: %q must be none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback, static-block-critical or both", f)
 		}
 	}
 	o.holdback.Domain = hb.Domain

@@ -23,9 +23,10 @@ const (
 	// Static and SoftReflective are flowgate's policies in flowcontrol.Dispatcher.
 	Static         = "static"
 	SoftReflective = "soft-reflective"
-	// StaticPaceCritical is Static with flowcontrol.StaticConfig.PaceCritical:
-	// band 0 paced at MaxCriticalEvery at and above the threshold, not blocked.
-	StaticPaceCritical = "static-pace-critical"
+	// StaticBlockCritical is Static with flowcontrol.StaticConfig.BlockCritical:
+	// band 0 blocked at and above the threshold like every band (llm-d's
+	// meaning), not paced at MaxCriticalEvery.
+	StaticBlockCritical = "static-block-critical"
 	// LLMDStatic and LLMDSoftReflective are llm-d parity: llmd.Dispatcher (package
 	// flowcontrol/llmd: one item per cycle, strict priority, halt at the first gated
 	// band) with llmd.NewStatic(1.0) or llmd.NewSoftReflective().
@@ -44,7 +45,7 @@ const (
 
 // Policies lists every policy name, in the order the simulator reports them.
 func Policies() []string {
-	return []string{Floor, None, LLMDStatic, LLMDSoftReflective, LLMDPriorityHoldback, Static, SoftReflective, PriorityHoldback, StaticPaceCritical}
+	return []string{Floor, None, LLMDStatic, LLMDSoftReflective, LLMDPriorityHoldback, Static, SoftReflective, PriorityHoldback, StaticBlockCritical}
 }
 
 // Routing names: how a gateway picks the replica for a request it dispatches.
@@ -104,7 +105,7 @@ func knownPolicy(p string) bool {
 }
 
 func (c Config) flowgate() bool {
-	return c.Policy == Static || c.Policy == SoftReflective || c.Policy == PriorityHoldback || c.Policy == StaticPaceCritical
+	return c.Policy == Static || c.Policy == SoftReflective || c.Policy == PriorityHoldback || c.Policy == StaticBlockCritical
 }
 func (c Config) llmd() bool {
 	return c.Policy == LLMDStatic || c.Policy == LLMDSoftReflective || c.Policy == LLMDPriorityHoldback

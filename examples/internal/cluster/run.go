@@ -253,8 +253,8 @@ func run(cfg Config) (*sim, error) {
 	}
 	if cfg.Policy == Static {
 		s.policy = flowcontrol.NewStatic(flowcontrol.DefaultStaticThreshold)
-	} else if cfg.Policy == StaticPaceCritical {
-		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{PaceCritical: true})
+	} else if cfg.Policy == StaticBlockCritical {
+		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{BlockCritical: true})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 		}
@@ -472,7 +472,7 @@ func regimeOf(g flowcontrol.Gate) int {
 // Floor always 0.
 func (s *sim) regime(sat float64) int {
 	switch s.cfg.Policy {
-	case Static, SoftReflective, PriorityHoldback, StaticPaceCritical:
+	case Static, SoftReflective, PriorityHoldback, StaticBlockCritical:
 		return regimeOf(s.policy.Gate(BandSheddable, bands, sat))
 	case LLMDPriorityHoldback:
 		if sat >= s.llmdCeilings[BandSheddable] {

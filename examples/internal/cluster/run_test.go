@@ -187,7 +187,7 @@ func TestTickSkippingIsExact(t *testing.T) {
 		for _, c := range []Config{
 			short(workload.Codegen, 16, SoftReflective),
 			short(workload.Codegen, 24, Static),
-			short(workload.Codegen, 24, StaticPaceCritical),
+			short(workload.Codegen, 24, StaticBlockCritical),
 			short(workload.Chat, 20, SoftReflective),
 			short(workload.Codegen, 24, LLMDStatic),
 			short(workload.Codegen, 16, LLMDSoftReflective),
