@@ -10,6 +10,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"github.com/flowgate/flowgate/saturation"
 )
 
@@ -62,27 +63,34 @@ const (
 	RoutingInFlight = "inflight"
 )
 
-// Critical routing names: how a gateway picks the replica for a critical request
-// (Config.CriticalRouting).
+// Critical routing names: how a flowgate gateway picks the replica for a critical
+// request (Config.CriticalRouting). The critical routing is flowhttp.Gateway's
+// (GatewayConfig.CriticalKVHeadroom): it applies to flowgate's policies only (Static,
+// SoftReflective, PriorityHoldback, StaticBlockCritical); None, the Floor and the
+// llm-d parity policies route every request by Config.Routing whatever it says.
 const (
 	// CriticalRoutingSame routes critical requests as every other (Config.Routing).
 	CriticalRoutingSame = "same"
 	// CriticalRoutingKV routes a critical request among the replicas that have at
 	// least Config.CriticalKVHeadroom of their KV cache free at the gateway's last
 	// scrape (1 − vllm:kv_cache_usage_perc), by Config.Routing; when none or all
-	// have, among all. Under vLLM's priority scheduling a critical request passes
-	// every sheddable one in the waiting queue but still needs free KV blocks for its
-	// prompt, and vLLM preempts no running request to admit a waiting one: on a
-	// replica whose cache is full it waits until a running request's growth forces a
-	// preemption (examples/sim/README.md, "Backend priority at reasoning@0.7").
+	// have, among all (flowhttp.Gateway.LeastLoadedFor(0) with RoutingInFlight).
+	// Under vLLM's priority scheduling a critical request passes every sheddable
+	// one in the waiting queue but still needs free KV blocks for its prompt, and
+	// vLLM preempts no running request to admit a waiting one: on a replica whose
+	// cache is full it waits until a running request's growth forces a preemption
+	// (examples/sim/README.md, "Backend priority at reasoning@0.7").
 	CriticalRoutingKV = "kv"
 	// CriticalRoutingKVWithPriority is CriticalRoutingKV when the replicas
-	// schedule by priority (Config.BackendPriority), CriticalRoutingSame otherwise.
+	// schedule by priority (Config.BackendPriority), CriticalRoutingSame
+	// otherwise: flowhttp.Gateway's default, on when it forwards priority
+	// (Options.ForwardPriority PrioritySet).
 	CriticalRoutingKVWithPriority = "kv-bp"
 )
 
-// DefaultCriticalKVHeadroom is Config.CriticalKVHeadroom's zero value.
-const DefaultCriticalKVHeadroom = 0.1
+// DefaultCriticalKVHeadroom is Config.CriticalKVHeadroom's zero value: the
+// Gateway's default.
+const DefaultCriticalKVHeadroom = flowhttp.DefaultCriticalKVHeadroom
 
 // CriticalRoutings lists the critical routing names.
 func CriticalRoutings() []string {
@@ -151,8 +159,9 @@ type Config struct {
 	// Routing is how each gateway picks a replica: RoutingScrape or RoutingInFlight
 	// ("" = DefaultRouting).
 	Routing string
-	// CriticalRouting is how each gateway picks the replica for a critical request:
-	// one of CriticalRoutings() ("" = CriticalRoutingSame).
+	// CriticalRouting is how each flowgate gateway picks the replica for a critical
+	// request: one of CriticalRoutings() ("" = CriticalRoutingSame); the other
+	// policies ignore it.
 	CriticalRouting string
 	// CriticalKVHeadroom is CriticalRoutingKV's filter: the share of a replica's KV
 	// cache that must be free at the last scrape for a replica to stay among those a

@@ -287,7 +287,7 @@ func run(cfg Config) (*sim, error) {
 	s.cfg.Replica = cfg.Replica
 	s.busy = make([]bool, cfg.Replicas)
 	s.among = make([]bool, cfg.Replicas)
-	s.critKV = cfg.CriticalRouting == CriticalRoutingKV || cfg.CriticalRouting == CriticalRoutingKVWithPriority && cfg.BackendPriority
+	s.critKV = cfg.flowgate() && (cfg.CriticalRouting == CriticalRoutingKV || cfg.CriticalRouting == CriticalRoutingKVWithPriority && cfg.BackendPriority)
 	if cfg.Tenants > 0 {
 		s.tenants = rand.New(rand.NewPCG(cfg.Seed, 0x7e4a47))
 	}
