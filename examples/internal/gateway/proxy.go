@@ -352,6 +352,10 @@ func GatewayConfig(cfg Config, policy flowcontrol.CeilingPolicy) flowhttp.Gatewa
 	case BodyPrioritySet:
 		gc.HTTP.ForwardPriority = flowhttp.PrioritySet
 	}
+	if h := cfg.CriticalKVHeadroom; h != nil {
+		gc.CriticalKVHeadroom = *h
+		gc.NoCriticalKVRouting = *h == 0
+	}
 	return gc
 }
 
@@ -583,7 +587,11 @@ const ReasonAborted = flowhttp.ReasonAborted
 // forward sends a request (gated and released, or ungated) to the
 // least-loaded backend.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
-	b := p.pick()
+	band, gated := flowhttp.BandOf(w)
+	if !gated {
+		band = -1 // routed as every band but 0
+	}
+	b := p.pick(band)
 	if b == nil {
 		flowhttp.SetReason(w, ReasonNoBackend)
 		flowhttp.WriteError(w, http.StatusServiceUnavailable, ReasonNoBackend, "no backend is configured", true)
@@ -682,8 +690,12 @@ func (b *bufferPool) Put(buf []byte) {
 // pick returns the backend with the fewest requests in flight (every
 // replica's when the view is shared; ties broken round-robin), passing over backends that failed within ejectFor or whose
 // metrics the poller cannot use — unless every backend is in that state —
-// or nil if there is none.
-func (p *Proxy) pick() *backend {
+// or nil if there is none. A request in band 0 is first kept to the
+// backends the gateway's critical routing keeps (flowhttp.Gateway.Eligible:
+// those with the configured KV-cache headroom at their last reading, when
+// some have it and others not; on by default with bodyPriority set), as
+// flowhttp.Gateway.LeastLoadedFor(0) does.
+func (p *Proxy) pick(band int) *backend {
 	n := len(p.backends)
 	if n == 0 {
 		return nil
@@ -691,16 +703,18 @@ func (p *Proxy) pick() *backend {
 	now := time.Now().UnixNano()
 	start := int(p.rr.Add(1) % uint64(n))
 	var best *backend
-	bestAvoid := true
+	bestAvoid, bestOut := true, true
 	for i := 0; i < n; i++ {
 		b := p.backends[(start+i)%n]
+		out := band == 0 && !p.gw.Eligible(0, b.label)
 		f := b.failedAt.Load()
 		avoid := (f != 0 && now-f < int64(ejectFor)) || b.unusable.Load()
 		switch {
 		case best == nil,
-			bestAvoid && !avoid,
-			avoid == bestAvoid && b.load() < best.load():
-			best, bestAvoid = b, avoid
+			bestOut && !out,
+			out == bestOut && bestAvoid && !avoid,
+			out == bestOut && avoid == bestAvoid && b.load() < best.load():
+			best, bestAvoid, bestOut = b, avoid, out
 		}
 	}
 	return best
