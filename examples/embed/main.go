@@ -1,7 +1,9 @@
 // Command embed is the README's embedding example: a protected inference
 // gateway in front of vLLM servers, written against flowgate's public API
-// only (flowhttp.Gateway). Its routing, the least-loaded endpoint, is the
-// one line a host would replace with its own.
+// only (flowhttp.Gateway). Its routing, the least-loaded endpoint (for a
+// critical request, with -backend-priority, among those with room in their
+// KV cache: flowhttp.Gateway.Route), is the one line a host would replace
+// with its own.
 //
 //	go run ./examples/embed -backends http://127.0.0.1:8001,http://127.0.0.1:8002
 package main
@@ -28,11 +30,16 @@ var (
 	addr     = flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends = flag.String("backends", "http://127.0.0.1:8001,http://127.0.0.1:8002", "the model servers' base URLs, comma-separated")
 	noCredit = flag.Bool("no-credit", false, "turn the in-flight credit off (to measure what it does)")
+	priority = flag.Bool("backend-priority", false, "the servers run --scheduling-policy priority: write each request's band into its body, route critical ones by KV headroom")
 )
 
 func main() {
 	flag.Parse()
-	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: strings.Split(*backends, ","), NoCredit: *noCredit})
+	cfg := flowhttp.GatewayConfig{Endpoints: strings.Split(*backends, ","), NoCredit: *noCredit}
+	if *priority {
+		cfg.HTTP.ForwardPriority = flowhttp.PrioritySet // and the critical routing on (Route)
+	}
+	gw, err := flowhttp.NewGateway(cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -45,7 +52,7 @@ func main() {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.Handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		b := gw.LeastLoaded()    // the host's routing
+		b := gw.Route(w)         // the host's routing: least loaded, critical by KV room
 		defer gw.Forward(w, b)() // counted on b until the answer is copied
 		proxies[b].ServeHTTP(w, r)
 	})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/flowgate/flowgate/examples/internal/gateway"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"os"
 	"strings"
 	"testing"
@@ -53,6 +54,28 @@ func TestParseConfigInFlightCredit(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, cfg.Saturation.InFlightCredit)
 	require.True(t, gateway.DefaultConfig().Saturation.InFlightCredit)
+}
+
+// flowControl.criticalKVHeadroom: unset is the gateway's default (on at 0.1
+// with bodyPriority set, off otherwise), 0 turns it off, a value turns it on.
+func TestParseConfigCriticalKVHeadroom(t *testing.T) {
+	for _, tc := range []struct {
+		src  string
+		want float64
+	}{
+		{"flowControl: {}\n", 0},
+		{"flowControl: {bodyPriority: set}\n", flowhttp.DefaultCriticalKVHeadroom},
+		{"flowControl: {bodyPriority: set, criticalKVHeadroom: 0}\n", 0},
+		{"flowControl: {bodyPriority: set, criticalKVHeadroom: 0.2}\n", 0.2},
+		{"flowControl: {criticalKVHeadroom: 0.05}\n", 0.05},
+	} {
+		cfg, err := gateway.ParseConfig(strings.NewReader(tc.src))
+		require.NoError(t, err, tc.src)
+		gw, err := flowhttp.NewGateway(gateway.GatewayConfig(cfg, nil))
+		require.NoError(t, err, tc.src)
+		require.Equal(t, tc.want, gw.CriticalKVHeadroom(), tc.src)
+		gw.Close()
+	}
 }
 
 func TestParseConfigEmptyIsDefault(t *testing.T) {
@@ -122,6 +145,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"long bad value", "flowControl:\n  burst: manymanymany\n", []string{`flowControl.burst (line 2): "manymanymany" is not a whole number`}},
 		{"bad bool", "saturationDetector:\n  inFlightCredit: maybe\n", []string{`saturationDetector.inFlightCredit (line 2): "maybe" is not true or false`}},
 		{"bad burst", "flowControl:\n  burst: 0\n", []string{"flowControl.burst (line 2)"}},
+		{"critical kv headroom range", "flowControl:\n  criticalKVHeadroom: 1.5\n", []string{"flowControl.criticalKVHeadroom (line 2)", "[0, 1]"}},
+		{"critical kv headroom negative", "flowControl:\n  criticalKVHeadroom: -0.1\n", []string{"flowControl.criticalKVHeadroom (line 2)", "[0, 1]"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

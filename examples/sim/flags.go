@@ -45,6 +45,8 @@ type options struct {
 	shared      time.Duration
 	sharedExact bool
 	routing     string
+	critRouting string
+	critKVRoom  float64
 	admission   bool
 	tenants     float64
 	fairness    string
@@ -118,6 +120,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	// Several gateways: codegen@16 ×1.5–2.9 of one gateway at G = 2..8, against ×1.06–1.17).
 	// With one gateway there is no one to share with and the flag changes nothing.
 	shared := fs.String("shared-inflight", DefaultSharedInFlight, "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms (the default: saturation/redisshare's period)")
+	fs.StringVar(&o.critRouting, "critical-routing", DefaultCriticalRouting, "how a flowgate gateway (static, soft-reflective, priority-holdback, static-block-critical; none, the floor and llm-d parity always route by -routing) picks the replica for a critical request: same (as -routing), kv (by -routing among the replicas with -critical-kv-headroom of their KV cache free at the last scrape: flowhttp.Gateway.LeastLoadedFor(0)) or kv-bp (kv in the rows with backend priority, same in the others: the Gateway's default, on when it forwards priority)")
+	fs.Float64Var(&o.critKVRoom, "critical-kv-headroom", cluster.DefaultCriticalKVHeadroom, "with -critical-routing kv: the share of a replica's KV cache that must be free at the last scrape for it to stay among the replicas a critical request is routed to by -routing (when none or all have it, all of them)")
 	fs.StringVar(&o.routing, "routing", cluster.DefaultRouting, "how a gateway picks a replica: scrape (least max(scraped waiting + running, in flight seen) at the last scrape) or inflight (fewest in flight as the gateway sees them, ties round-robin: the example proxy's routing)")
 	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks, or '+'-joined readings, completions, floor=DURATION, recheck (default: recheck with -credit, as flowhttp.Gateway runs, ticks without)")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
@@ -236,6 +240,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		o.shared = d
 	}
+	if !(o.critKVRoom > 0 && o.critKVRoom <= 1) {
+		return o, fmt.Errorf("-critical-kv-headroom: %v must be in (0, 1]", o.critKVRoom)
+	}
+	if !slices.Contains(cluster.CriticalRoutings(), o.critRouting) {
+		return o, fmt.Errorf("-critical-routing: %q must be same, kv or kv-bp", o.critRouting)
+	}
 	if !slices.Contains(cluster.Routings(), o.routing) {
 		return o, fmt.Errorf("-routing: %q must be scrape or inflight", o.routing)
 	}
@@ -291,6 +301,11 @@ const (
 	DefaultPromptTokens = saturation.DefaultPromptTokenThreshold
 )
 
+// DefaultCriticalRouting is -critical-routing's default: with backend priority a
+// critical request is routed among the replicas with KV-cache headroom (README.md next to
+// this file, "Backend priority at reasoning@0.7").
+const DefaultCriticalRouting = cluster.CriticalRoutingKVWithPriority
+
 // defaultPolicies are the policies of the default run (the floor is added by -floor).
 var defaultPolicies = []string{cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective}
 
@@ -316,7 +331,7 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
 		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: pacing,
-		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Routing: o.routing, Admission: o.admission,
+		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Routing: o.routing, CriticalRouting: o.critRouting, CriticalKVHeadroom: o.critKVRoom, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
 		Credit: o.credit, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+	"github.com/flowgate/flowgate/saturation"
 )
 
 // A protected gateway in front of a model server: the host routes (here to
@@ -68,4 +69,73 @@ func ExampleNewGateway() {
 	// Output:
 	// critical 200 ""
 	// sheddable 503 "expired"
+}
+
+// Routing with the critical routing on: the model servers schedule by
+// priority (ForwardPriority PrioritySet writes each request's band into its
+// body), so a critical request goes to a server with room in its KV cache.
+// Server a reports its cache 97 % full, b 30 %: every critical request goes
+// to b, whatever the in-flight counts say.
+func ExampleGateway_Route() {
+	server := func(kv string) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/metrics" {
+				fmt.Fprint(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc "+kv+"\n")
+				return
+			}
+			fmt.Fprint(w, `{"choices":[{"text":"hello"}]}`)
+		}))
+	}
+	a, b := server("0.97"), server("0.3")
+	defer a.Close()
+	defer b.Close()
+	name := map[string]string{a.URL: "a", b.URL: "b"}
+
+	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{a.URL, b.URL},
+		HTTP: flowhttp.Options{ForwardPriority: flowhttp.PrioritySet},
+		// Readings good for a minute: the output does not depend on how
+		// busy the machine running the example is.
+		Poller: saturation.PollerConfig{Scorer: saturation.Scorer{Staleness: time.Minute}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	proxies := map[string]*httputil.ReverseProxy{}
+	for _, ep := range gw.Endpoints() {
+		target, _ := url.Parse(ep)
+		proxies[ep] = httputil.NewSingleHostReverseProxy(target)
+	}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ep := gw.Route(w) // by the request's band (BandOf)
+		band, _ := flowhttp.BandOf(w)
+		fmt.Printf("band %d → %s\n", band, name[ep])
+		defer gw.Forward(w, ep)()
+		proxies[ep].ServeHTTP(w, r)
+	})
+	if err := gw.Start(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	defer gw.Close()
+	// Scrape now rather than wait for the poller's first round.
+	if err := gw.Poller().Poll(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler(next))
+	defer srv.Close()
+
+	fmt.Println("headroom", gw.CriticalKVHeadroom())
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
+		req.Header.Set(flowhttp.ObjectiveHeader, "critical")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	// Output:
+	// headroom 0.1
+	// band 0 → b
+	// band 0 → b
+	// band 0 → b
 }

@@ -512,7 +512,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.TransferEncoding = nil
 	r.Header.Del("Expect")
 	r.Header.Del("Content-Length")
-	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, gate: h.gate}
+	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, bandIdx: band, gate: h.gate}
 	res.Reason = ReasonForwarded
 	defer func() {
 		if rec.forwarded {

@@ -124,7 +124,40 @@ type GatewayConfig struct {
 	// Metrics configures the collector Collector returns; BandNames is
 	// filled from the bands.
 	Metrics flowmetrics.Options
+	// CriticalKVHeadroom is the critical routing of LeastLoadedFor, Route
+	// and Eligible: a band-0 request goes to an endpoint with at least
+	// this share of its KV cache free at its last reading (1 −
+	// vllm:kv_cache_usage_perc, the poller's Reading.KVUsage, the pod
+	// usable), when some endpoints have it and others do not. In [0, 1].
+	// Zero takes DefaultCriticalKVHeadroom when HTTP.ForwardPriority is
+	// PrioritySet (the operator's statement that the model servers
+	// schedule by priority) and leaves the routing off otherwise; a value
+	// above zero turns it on at that headroom whatever ForwardPriority
+	// says. NoCriticalKVRouting turns it off.
+	CriticalKVHeadroom float64
+	// NoCriticalKVRouting turns the critical routing off: band 0 is routed
+	// as every band (CriticalKVHeadroom must then be 0).
+	NoCriticalKVRouting bool
 }
+
+// DefaultCriticalKVHeadroom is GatewayConfig.CriticalKVHeadroom's default
+// when the gateway forwards priority (HTTP.ForwardPriority PrioritySet).
+//
+// Why: under vLLM's priority scheduling a critical request passes every
+// sheddable one in a replica's waiting queue but still needs free KV blocks
+// for its prompt, and vLLM preempts no running request to admit a waiting
+// one: on a replica whose cache is full it waits at the head of the queue
+// until the running requests' growth forces a preemption, while another
+// replica may have room. In the simulator (examples/sim/README.md, "Backend
+// priority at reasoning@0.7") routing band 0 among the replicas with 10 %
+// of their cache free took reasoning@0.7's critical TTFT p99 with
+// soft-reflective and backend priority to under 2× the critical-only floor
+// on seeds 1–5 (318 ms), with nothing else moving; over 20 seeds its effect
+// is of the size of the spread between seeds and no headroom tried (0.05,
+// 0.1, 0.15) keeps every seed under 4× the floor ("round 4b"). The headroom
+// is a filter, not a score (sending every critical request to the emptiest
+// cache unbalanced the code-generation pods).
+const DefaultCriticalKVHeadroom = 0.1
 
 // Gateway is a protected inference gateway short of its routing: the
 // metrics poller of the model servers, the in-flight credit, the
@@ -140,6 +173,11 @@ type Gateway struct {
 	murls     []string          // metrics URLs, in endpoint order
 	usable    []atomic.Bool     // the poller's verdict per endpoint, copied every interval (LeastLoaded)
 	rr        atomic.Uint64     // LeastLoaded's tie-breaker
+	index     map[string]int    // base URL → its index in endpoints
+	byMetric  map[string]int    // metrics URL → its index in endpoints
+	headroom  float64           // the critical routing's KV headroom; 0: off
+	kv        atomic.Pointer[kvView]
+	kvMu      sync.Mutex // held while a kvView is rebuilt
 	interval  time.Duration
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
@@ -165,11 +203,24 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if len(cfg.Poller.Endpoints) != 0 || cfg.Poller.InFlight != nil {
 		return nil, fmt.Errorf("%w: Poller.Endpoints and Poller.InFlight must be unset: the endpoints are GatewayConfig.Endpoints, counted by Forward", ErrInvalidConfig)
 	}
+	switch h := cfg.CriticalKVHeadroom; {
+	case !(h >= 0 && h <= 1):
+		return nil, fmt.Errorf("%w: CriticalKVHeadroom %v must be in [0, 1]", ErrInvalidConfig, h)
+	case cfg.NoCriticalKVRouting && h != 0:
+		return nil, fmt.Errorf("%w: CriticalKVHeadroom %v with NoCriticalKVRouting: set one or the other", ErrInvalidConfig, h)
+	}
 	path := cfg.MetricsPath
 	if path == "" {
 		path = DefaultMetricsPath
 	}
-	g := &Gateway{metrics: map[string]string{}}
+	g := &Gateway{metrics: map[string]string{}, index: map[string]int{}, byMetric: map[string]int{}}
+	switch {
+	case cfg.NoCriticalKVRouting:
+	case cfg.CriticalKVHeadroom > 0:
+		g.headroom = cfg.CriticalKVHeadroom
+	case cfg.HTTP.ForwardPriority == PrioritySet:
+		g.headroom = DefaultCriticalKVHeadroom
+	}
 	urls := make([]string, 0, len(cfg.Endpoints))
 	for i, raw := range cfg.Endpoints {
 		u, err := url.Parse(raw)
@@ -181,6 +232,8 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		}
 		m := u.JoinPath(path).String()
 		g.metrics[raw] = m
+		g.index[raw] = len(g.endpoints)
+		g.byMetric[m] = len(g.endpoints)
 		g.endpoints = append(g.endpoints, raw)
 		urls = append(urls, m)
 	}
@@ -356,15 +409,11 @@ func (g *Gateway) Start(ctx context.Context) error {
 // watch copies the poller's per-endpoint verdict (usable or not) every
 // interval, so that LeastLoaded reads atomics, not the poller's lock.
 func (g *Gateway) watch(ctx context.Context) {
-	idx := make(map[string]int, len(g.murls))
-	for i, m := range g.murls {
-		idx[m] = i
-	}
 	t := time.NewTicker(g.interval)
 	defer t.Stop()
 	for {
 		for _, r := range g.poller.Readings() {
-			if i, ok := idx[r.Endpoint]; ok {
+			if i, ok := g.byMetric[r.Endpoint]; ok {
 				g.usable[i].Store(r.Usable)
 			}
 		}
@@ -380,8 +429,65 @@ func (g *Gateway) watch(ctx context.Context) {
 // endpoint with the fewest requests this gateway has in flight to it (as
 // counted by Forward), among those whose metrics the poller could use at
 // its last look (all of them if none could), ties broken round-robin. ""
-// when there are no endpoints.
-func (g *Gateway) LeastLoaded() string {
+// when there are no endpoints. It routes every request alike; Route and
+// LeastLoadedFor add the critical routing (GatewayConfig.CriticalKVHeadroom).
+func (g *Gateway) LeastLoaded() string { return g.pick(nil) }
+
+// LeastLoadedFor is LeastLoaded for a request in band: with the critical
+// routing on (GatewayConfig.CriticalKVHeadroom) a band-0 request is routed
+// by LeastLoaded's rule among the endpoints Eligible keeps, those with the
+// headroom free in their KV cache at their last reading (all of them when
+// none or all have it). Every other band, and band 0 with the routing off,
+// is routed as LeastLoaded routes it. "" when there are no endpoints.
+func (g *Gateway) LeastLoadedFor(band int) string {
+	if band != 0 || g.headroom == 0 {
+		return g.pick(nil)
+	}
+	return g.pick(g.kvKeep())
+}
+
+// Route is the ready-made routing of the request w answers, from the
+// handler Handler wraps: LeastLoadedFor the band the gate placed it in
+// (BandOf), or LeastLoaded for a request the gate did not queue (not gated,
+// or w is not a gated request's writer).
+//
+//	ep := gw.Route(w)
+//	defer gw.Forward(w, ep)()
+func (g *Gateway) Route(w http.ResponseWriter) string {
+	if band, ok := BandOf(w); ok {
+		return g.LeastLoadedFor(band)
+	}
+	return g.pick(nil)
+}
+
+// Eligible reports whether the critical routing keeps endpoint (one of
+// GatewayConfig.Endpoints, as written there) for a request in band: false
+// only when the routing is on, band is 0, and endpoint's last reading is
+// unusable or leaves less than the headroom free while another endpoint's
+// leaves it. A host with its own routing ranks the endpoints Eligible
+// rejects after every other (LeastLoadedFor does exactly that). An endpoint
+// the gateway does not know is eligible. A host that calls it once per
+// endpoint may, across a new reading, mix two readings in one pick.
+func (g *Gateway) Eligible(band int, endpoint string) bool {
+	if band != 0 || g.headroom == 0 {
+		return true
+	}
+	i, ok := g.index[endpoint]
+	if !ok {
+		return true
+	}
+	keep := g.kvKeep()
+	return keep == nil || keep[i]
+}
+
+// CriticalKVHeadroom returns the critical routing's headroom as configured
+// (GatewayConfig.CriticalKVHeadroom with its default); 0 when it is off.
+func (g *Gateway) CriticalKVHeadroom() float64 { return g.headroom }
+
+// pick is LeastLoaded's rule over the endpoints i with keep[i] (nil: all):
+// usable first, then the fewest in flight, ties to the first met from the
+// round-robin start (the counter advances on every pick, filtered or not).
+func (g *Gateway) pick(keep []bool) string {
 	n := len(g.endpoints)
 	if n == 0 {
 		return ""
@@ -390,12 +496,62 @@ func (g *Gateway) LeastLoaded() string {
 	best, bestLoad, bestUsable := -1, int64(0), false
 	for k := range n {
 		i := (start + k) % n
+		if keep != nil && !keep[i] {
+			continue
+		}
 		load, usable := g.poller.InFlight(g.murls[i]), g.usable[i].Load()
 		if best < 0 || usable && !bestUsable || usable == bestUsable && load < bestLoad {
 			best, bestLoad, bestUsable = i, load, usable
 		}
 	}
 	return g.endpoints[best]
+}
+
+// kvView is the critical routing's filter as of one poller reading
+// sequence: keep[i] for the endpoints with the headroom, nil when none or
+// all have it (no filter).
+type kvView struct {
+	seq  uint64
+	keep []bool
+}
+
+// kvKeep returns the critical routing's filter (nil: none), rebuilt from
+// the poller's readings when a scrape result arrived since the last build
+// (Poller.ReadingSeq), so a pick reads the last reading, not one an
+// interval old. The rebuild is one Readings snapshot per new reading at
+// most; a pick that finds another goroutine rebuilding uses the previous
+// filter.
+func (g *Gateway) kvKeep() []bool {
+	seq := g.poller.ReadingSeq()
+	v := g.kv.Load()
+	if v != nil && v.seq == seq {
+		return v.keep
+	}
+	if !g.kvMu.TryLock() {
+		if v != nil {
+			return v.keep
+		}
+		return nil
+	}
+	defer g.kvMu.Unlock()
+	if v = g.kv.Load(); v != nil && v.seq == seq {
+		return v.keep
+	}
+	n := len(g.endpoints)
+	keep, k := make([]bool, n), 0
+	limit := 1 - g.headroom
+	for _, r := range g.poller.Readings() {
+		if i, ok := g.byMetric[r.Endpoint]; ok && !keep[i] && r.OK && r.Usable && r.KVUsage <= limit {
+			keep[i] = true
+			k++
+		}
+	}
+	v = &kvView{seq: seq}
+	if k > 0 && k < n {
+		v.keep = keep
+	}
+	g.kv.Store(v)
+	return v.keep
 }
 
 // Drain is the first step of a graceful shutdown: every queued request is

@@ -9,9 +9,10 @@ import "net/http"
 // header map after a 1xx (httputil.ReverseProxy does) does not lose it.
 type recorder struct {
 	http.ResponseWriter
-	band string
-	code int
-	own  bool // WriteError answered through it: keep DroppedReasonHeader
+	band    string
+	bandIdx int // the band's index (BandOf)
+	code    int
+	own     bool // WriteError answered through it: keep DroppedReasonHeader
 	// gate and forwarded serve Gateway.Forward: the request holds a
 	// release, and whether it was already handed to an endpoint.
 	gate      *gate
@@ -28,6 +29,20 @@ func SetReason(w http.ResponseWriter, reason string) {
 	if r := recorderOf(w); r != nil {
 		r.reason = reason
 	}
+}
+
+// BandOf returns the band the gate placed the request w answers in, for the
+// handler Handler (or Gateway.Handler) wraps: after the objective header,
+// Options.Classify, the body's "priority" and Options.DefaultObjective
+// (see the package documentation), the band the request waited in. ok is
+// false for a writer that is not a gated request's (an ungated method, or
+// a handler called outside the gate); w may wrap the gate's writer (it is
+// unwrapped through Unwrap, as http.ResponseController does).
+func BandOf(w http.ResponseWriter) (band int, ok bool) {
+	if r := recorderOf(w); r != nil {
+		return r.bandIdx, true
+	}
+	return 0, false
 }
 
 // recorderOf finds flowhttp's recorder under w (through Unwrap), or nil.

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"github.com/flowgate/flowgate/saturation"
 )
 
@@ -60,6 +62,40 @@ const (
 	// shared view adds them), ties broken round-robin by a per-gateway counter.
 	RoutingInFlight = "inflight"
 )
+
+// Critical routing names: how a flowgate gateway picks the replica for a critical
+// request (Config.CriticalRouting). The critical routing is flowhttp.Gateway's
+// (GatewayConfig.CriticalKVHeadroom): it applies to flowgate's policies only (Static,
+// SoftReflective, PriorityHoldback, StaticBlockCritical); None, the Floor and the
+// llm-d parity policies route every request by Config.Routing whatever it says.
+const (
+	// CriticalRoutingSame routes critical requests as every other (Config.Routing).
+	CriticalRoutingSame = "same"
+	// CriticalRoutingKV routes a critical request among the replicas that have at
+	// least Config.CriticalKVHeadroom of their KV cache free at the gateway's last
+	// scrape (1 − vllm:kv_cache_usage_perc), by Config.Routing; when none or all
+	// have, among all (flowhttp.Gateway.LeastLoadedFor(0) with RoutingInFlight).
+	// Under vLLM's priority scheduling a critical request passes every sheddable
+	// one in the waiting queue but still needs free KV blocks for its prompt, and
+	// vLLM preempts no running request to admit a waiting one: on a replica whose
+	// cache is full it waits until a running request's growth forces a preemption
+	// (examples/sim/README.md, "Backend priority at reasoning@0.7").
+	CriticalRoutingKV = "kv"
+	// CriticalRoutingKVWithPriority is CriticalRoutingKV when the replicas
+	// schedule by priority (Config.BackendPriority), CriticalRoutingSame
+	// otherwise: flowhttp.Gateway's default, on when it forwards priority
+	// (Options.ForwardPriority PrioritySet).
+	CriticalRoutingKVWithPriority = "kv-bp"
+)
+
+// DefaultCriticalKVHeadroom is Config.CriticalKVHeadroom's zero value: the
+// Gateway's default.
+const DefaultCriticalKVHeadroom = flowhttp.DefaultCriticalKVHeadroom
+
+// CriticalRoutings lists the critical routing names.
+func CriticalRoutings() []string {
+	return []string{CriticalRoutingSame, CriticalRoutingKV, CriticalRoutingKVWithPriority}
+}
 
 // Routings lists the routing names.
 func Routings() []string { return []string{RoutingScrape, RoutingInFlight} }
@@ -123,6 +159,14 @@ type Config struct {
 	// Routing is how each gateway picks a replica: RoutingScrape or RoutingInFlight
 	// ("" = DefaultRouting).
 	Routing string
+	// CriticalRouting is how each flowgate gateway picks the replica for a critical
+	// request: one of CriticalRoutings() ("" = CriticalRoutingSame); the other
+	// policies ignore it.
+	CriticalRouting string
+	// CriticalKVHeadroom is CriticalRoutingKV's filter: the share of a replica's KV
+	// cache that must be free at the last scrape for a replica to stay among those a
+	// critical request is routed to (0 = DefaultCriticalKVHeadroom).
+	CriticalKVHeadroom float64
 	// Tenants, if > 0, is the noisy neighbour: the sheddable band's traffic is split
 	// between two tenants, A sending Tenants times B's rate (each sheddable arrival is
 	// B's with probability 1/(1+Tenants), from a stream of its own); every critical
@@ -188,7 +232,7 @@ type Config struct {
 	onTick func(s *sim, g *gateway, sat float64)
 	// onRoute, if set, is called with every routing decision, before the request
 	// counts on replica r (tests).
-	onRoute func(s *sim, g *gateway, r int)
+	onRoute func(s *sim, g *gateway, r int, id int32)
 }
 
 // Defaults returns cfg with every zero optional field set.
@@ -198,6 +242,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Routing == "" {
 		c.Routing = DefaultRouting
+	}
+	if c.CriticalRouting == "" {
+		c.CriticalRouting = CriticalRoutingSame
+	}
+	if c.CriticalKVHeadroom == 0 {
+		c.CriticalKVHeadroom = DefaultCriticalKVHeadroom
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 2
@@ -256,6 +306,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Policy %q must be one of %q", ErrInvalidConfig, c.Policy, Policies())
 	case c.Routing != RoutingScrape && c.Routing != RoutingInFlight:
 		return fmt.Errorf("%w: Routing %q must be one of %q", ErrInvalidConfig, c.Routing, Routings())
+	case !(c.CriticalKVHeadroom > 0 && c.CriticalKVHeadroom <= 1):
+		return fmt.Errorf("%w: CriticalKVHeadroom %v must be in (0, 1]", ErrInvalidConfig, c.CriticalKVHeadroom)
+	case !slices.Contains(CriticalRoutings(), c.CriticalRouting):
+		return fmt.Errorf("%w: CriticalRouting %q must be one of %q", ErrInvalidConfig, c.CriticalRouting, CriticalRoutings())
 	case c.Duration <= 0:
 		return fmt.Errorf("%w: Duration %v must be > 0", ErrInvalidConfig, c.Duration)
 	case c.DrainLimit < 0:

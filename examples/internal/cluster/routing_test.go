@@ -1,10 +1,15 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +20,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
+	"github.com/flowgate/flowgate/saturation"
 )
 
 // routingSim is the part of a sim that routing reads: n replicas (never stepped) and
@@ -65,6 +71,111 @@ func TestInFlightRoutingIsLeastLoaded(t *testing.T) {
 			}
 			live = append(live, open{got, gw.Forward(httptest.NewRecorder(), eps[got])})
 			g.inflight[got]++
+		}
+	})
+}
+
+// kvPods answers a gateway poller's scrapes without a network: each host's
+// vllm:kv_cache_usage_perc is what the test last set.
+type kvPods struct {
+	mu sync.Mutex
+	kv map[string]float64
+}
+
+func (p *kvPods) RoundTrip(r *http.Request) (*http.Response, error) {
+	p.mu.Lock()
+	kv := p.kv[r.URL.Host]
+	p.mu.Unlock()
+	body := "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc " + strconv.FormatFloat(kv, 'g', -1, 64) + "\n"
+	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/plain"}},
+		Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
+}
+
+// TestCriticalKVRoutingIsLeastLoadedFor drives the simulator's critical routing
+// (CriticalRoutingKV over RoutingInFlight: routeKV for a critical request, route for
+// a sheddable one) and a real flowhttp.Gateway's LeastLoadedFor through the same
+// random sequence of KV readings (a scrape of every replica, as the sim's gateway
+// takes them), requests forwarded in either band and requests finished, and requires
+// the same choice at every step: the filter's edge (usage exactly 1 − headroom), its
+// fallback when none or all replicas have the headroom, and the round-robin ties.
+func TestCriticalKVRoutingIsLeastLoadedFor(t *testing.T) {
+	defer goleak.VerifyNone(t) // the gateways are built and closed, never started
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 6).Draw(t, "replicas")
+		headroom := rapid.SampledFrom([]float64{0.05, 0.1, 0.15, 0.5, 1}).Draw(t, "headroom")
+		pods := &kvPods{kv: map[string]float64{}}
+		eps := make([]string, n)
+		idx := map[string]int{}
+		for i := range eps {
+			eps[i] = fmt.Sprintf("http://10.0.0.%d:8000", i+1)
+			idx[eps[i]] = i
+		}
+		cfg := flowhttp.GatewayConfig{Endpoints: eps, CriticalKVHeadroom: headroom}
+		cfg.Poller.Client = &http.Client{Transport: pods}
+		cfg.Poller.Scorer.Staleness = time.Hour // readings age only with Run, never started here
+		gw, err := flowhttp.NewGateway(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer gw.Close()
+		s, g := routingSim(n, Config{Routing: RoutingInFlight, CriticalRouting: CriticalRoutingKV, CriticalKVHeadroom: headroom})
+		s.among = make([]bool, n)
+		g.readings = make([]saturation.Reading, n)
+		scrape := func() {
+			pods.mu.Lock()
+			for i, ep := range eps {
+				kv := rapid.SampledFrom([]float64{0, 0.2, 0.85, 0.9, 0.95, 1, 1 - headroom, -1}).Draw(t, "kv")
+				if kv < 0 {
+					kv = rapid.Float64Range(0, 1).Draw(t, "any kv")
+				}
+				pods.kv[strings.TrimPrefix(ep, "http://")] = kv
+				g.readings[i].KVUsage = kv
+			}
+			pods.mu.Unlock()
+			if err := gw.Poller().Poll(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		scrape() // the sim's gateway reads every replica before its first request
+		type open struct {
+			r    int
+			done func()
+		}
+		var live []open
+		for step := range rapid.IntRange(1, 200).Draw(t, "steps") {
+			switch rapid.IntRange(0, 2).Draw(t, "action") {
+			case 0:
+				scrape()
+				continue
+			case 1:
+				if len(live) > 0 {
+					k := rapid.IntRange(0, len(live)-1).Draw(t, "which")
+					live[k].done()
+					g.inflight[live[k].r]--
+					live = append(live[:k], live[k+1:]...)
+					continue
+				}
+			}
+			critical := rapid.Bool().Draw(t, "critical")
+			var got, want int
+			if critical {
+				want, got = idx[gw.LeastLoadedFor(0)], s.routeKV(g)
+			} else {
+				want, got = idx[gw.LeastLoadedFor(1)], s.route(g)
+			}
+			if got != want {
+				kv := make([]float64, n)
+				for i := range kv {
+					kv[i] = g.readings[i].KVUsage
+				}
+				t.Fatalf("step %d (critical %v): sim routed to %d, LeastLoadedFor to %d (own in flight %v, KV %v, headroom %v)",
+					step, critical, got, want, g.inflight, kv, headroom)
+			}
+			live = append(live, open{got, gw.Forward(httptest.NewRecorder(), eps[got])})
+			g.inflight[got]++
+		}
+		for _, o := range live {
+			o.done()
 		}
 	})
 }
@@ -120,7 +231,7 @@ func TestInFlightRoutingPicksFewest(t *testing.T) {
 		}
 		routes := 0
 		var bad string
-		c.onRoute = func(s *sim, g *gateway, r int) {
+		c.onRoute = func(s *sim, g *gateway, r int, _ int32) {
 			routes++
 			for j := range s.replicas {
 				if bad == "" && s.seen(g, j) < s.seen(g, r) {
@@ -192,4 +303,80 @@ func TestRoutingConfigError(t *testing.T) {
 	_, err := Run(c)
 	require.True(t, errors.Is(err, ErrInvalidConfig), "%v", err)
 	require.True(t, strings.Contains(err.Error(), "Routing"), "the error names the field: %v", err)
+}
+
+// TestCriticalKVRoutingKeepsHeadroom checks every routing decision under
+// CriticalRoutingKV: under a flowgate policy a critical request goes to a replica
+// with the configured KV headroom at the gateway's last scrape whenever one has it;
+// under none and llm-d parity, and without backend priority under
+// CriticalRoutingKVWithPriority, every request is routed as Routing routes it (the
+// run is the same as with CriticalRoutingSame).
+func TestCriticalKVRoutingKeepsHeadroom(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := rapid.SampledFrom([]workload.Workload{workload.Codegen, workload.Reasoning}).Draw(t, "workload")
+		qps := map[string]float64{"codegen": 16, "reasoning": 6}[w.Name] * rapid.Float64Range(0.5, 1.5).Draw(t, "load")
+		c := Config{Workload: w, QPS: qps, Duration: 3 * time.Second, CV: -1, BackendPriority: true,
+			CriticalRouting:    CriticalRoutingKV,
+			CriticalKVHeadroom: rapid.Float64Range(0.001, 1).Draw(t, "headroom"),
+			Routing:            rapid.SampledFrom(Routings()).Draw(t, "routing"),
+			Policy:             rapid.SampledFrom([]string{None, SoftReflective, Static, LLMDSoftReflective}).Draw(t, "policy"),
+			Seed:               rapid.Uint64Range(1, 1000).Draw(t, "seed"),
+			Replicas:           rapid.IntRange(1, 4).Draw(t, "replicas"),
+			Credit:             true,
+			Replica:            vllm.DefaultConfig()}
+		c.Replica.TotalBlocks = rapid.IntRange(2600, 5000).Draw(t, "blocks") // caches that fill in seconds, above MaxModelLen
+		var bad string
+		critical := 0
+		c.onRoute = func(s *sim, g *gateway, r int, id int32) {
+			if !s.reqs[id].critical || !c.flowgate() {
+				return
+			}
+			critical++
+			limit := 1 - c.CriticalKVHeadroom
+			for j := range s.replicas {
+				if bad == "" && g.readings[j].KVUsage <= limit && g.readings[r].KVUsage > limit {
+					bad = fmt.Sprintf("at %v a critical request went to %d at KV %.3f, %d had %.3f (limit %.3f)",
+						time.Duration(s.now), r, g.readings[r].KVUsage, j, g.readings[j].KVUsage, limit)
+				}
+			}
+		}
+		if _, err := run(c); err != nil {
+			t.Fatal(err)
+		}
+		if bad != "" {
+			t.Fatal(bad)
+		}
+		// None (and every policy not flowgate's) routes as Routing does, kv or not.
+		c.onRoute = nil
+		if !c.flowgate() {
+			a, err := Run(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.CriticalRouting = CriticalRoutingSame
+			b, err := Run(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a != b {
+				t.Fatalf("kv under %s differs from same:\n%+v\n%+v", c.Policy, a, b)
+			}
+			c.CriticalRouting = CriticalRoutingKV
+		}
+		// Without backend priority, kv-bp routes as Routing does.
+		c.BackendPriority = false
+		c.CriticalRouting = CriticalRoutingKVWithPriority
+		a, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.CriticalRouting = CriticalRoutingSame
+		b, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a != b {
+			t.Fatalf("kv-bp without backend priority differs from same:\n%+v\n%+v", a, b)
+		}
+	})
 }

@@ -131,6 +131,8 @@ type sim struct {
 	events   eventHeap
 	replicas []*vllm.Replica
 	busy     []bool // a step is in flight
+	among    []bool // routeKV's replicas tied at the lowest KV usage
+	critKV   bool   // critical requests are routed by routeKV (Config.CriticalRouting)
 	kicked   []bool // an evKick is pending
 	gws      []*gateway
 	reqs     []request
@@ -284,6 +286,8 @@ func run(cfg Config) (*sim, error) {
 	}
 	s.cfg.Replica = cfg.Replica
 	s.busy = make([]bool, cfg.Replicas)
+	s.among = make([]bool, cfg.Replicas)
+	s.critKV = cfg.flowgate() && (cfg.CriticalRouting == CriticalRoutingKV || cfg.CriticalRouting == CriticalRoutingKVWithPriority && cfg.BackendPriority)
 	if cfg.Tenants > 0 {
 		s.tenants = rand.New(rand.NewPCG(cfg.Seed, 0x7e4a47))
 	}
@@ -800,20 +804,45 @@ func (s *sim) scrape(g *gateway, gi int32) {
 }
 
 // route picks the replica for gateway g's next request by the configured routing.
-func (s *sim) route(g *gateway) int {
+func (s *sim) route(g *gateway) int { return s.routeAmong(g, nil) }
+
+// routeAmong is route over the replicas r with among[r] (nil: all of them).
+func (s *sim) routeAmong(g *gateway, among []bool) int {
 	if s.cfg.Routing == RoutingInFlight {
-		return s.routeInFlight(g)
+		return s.routeInFlight(g, among)
 	}
-	return s.routeScrape(g)
+	return s.routeScrape(g, among)
+}
+
+// routeKV (CriticalRoutingKV) filters, then routes: when some replicas, not all, have
+// at least Config.CriticalKVHeadroom of their KV cache free at gateway g's last scrape
+// (1 − vllm:kv_cache_usage_perc), the gateway's Routing decides among those; otherwise
+// among all, as route does.
+func (s *sim) routeKV(g *gateway) int {
+	limit := 1 - s.cfg.CriticalKVHeadroom
+	n := 0
+	for r := range s.replicas {
+		s.among[r] = g.readings[r].KVUsage <= limit
+		if s.among[r] {
+			n++
+		}
+	}
+	if n == 0 || n == len(s.replicas) {
+		return s.route(g)
+	}
+	return s.routeAmong(g, s.among)
 }
 
 // routeScrape (RoutingScrape) picks the least loaded replica as this gateway sees it:
 // the larger of the scraped waiting+running and the in-flight count it sees there (its
 // own requests that the metrics may not show yet, plus the other gateways' with a
 // shared view); ties go to fewer own in-flight requests, then lower index.
-func (s *sim) routeScrape(g *gateway) int {
+func (s *sim) routeScrape(g *gateway, among []bool) int {
 	best, bestLoad, bestOwn := 0, math.Inf(1), int64(math.MaxInt64)
 	for r := range s.replicas {
+		if among != nil && !among[r] {
+			continue
+		}
 		rd := g.readings[r]
 		load := max(rd.Waiting+rd.Running, float64(s.seen(g, r)))
 		if load < bestLoad || (load == bestLoad && g.inflight[r] < bestOwn) {
@@ -831,13 +860,16 @@ func (s *sim) routeScrape(g *gateway) int {
 // proxy's other preferences — over backends that failed within the last second or
 // whose metrics the poller cannot use — never apply here: simulated replicas do not
 // fail and every scrape succeeds.
-func (s *sim) routeInFlight(g *gateway) int {
+func (s *sim) routeInFlight(g *gateway, among []bool) int {
 	n := len(s.replicas)
 	g.rr++
 	start := int(g.rr % uint64(n))
 	best, bestLoad := -1, int64(0)
 	for k := range n {
 		r := (start + k) % n
+		if among != nil && !among[r] {
+			continue
+		}
 		if load := s.seen(g, r); best < 0 || load < bestLoad {
 			best, bestLoad = r, load
 		}
@@ -850,9 +882,14 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 	g := s.gws[gi]
 	g.queued[band]--
 	q := &s.reqs[id]
-	r := s.route(g)
+	var r int
+	if q.critical && s.critKV {
+		r = s.routeKV(g)
+	} else {
+		r = s.route(g)
+	}
 	if s.cfg.onRoute != nil {
-		s.cfg.onRoute(s, g, r)
+		s.cfg.onRoute(s, g, r, id)
 	}
 	q.replica = int32(r)
 	q.dispatch = s.now

@@ -112,6 +112,13 @@ type fileFlowControl struct {
 	// unless run with --scheduling-policy priority), ignore, or set
 	// (classify by it, write the band into the forwarded body).
 	BodyPriority string `yaml:"bodyPriority"`
+	// CriticalKVHeadroom is flowgate's critical routing
+	// (flowhttp.GatewayConfig.CriticalKVHeadroom): a critical request goes
+	// to a backend with at least this share of its KV cache free at the
+	// last scrape, when some have it and others not. Unset: 0.1 with
+	// bodyPriority set (the backends schedule by priority), off otherwise;
+	// 0 turns it off; a value in (0, 1] turns it on.
+	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom"`
 }
 
 type fileBand struct {
@@ -351,6 +358,11 @@ type Config struct {
 	// BodyPriority is BodyPriorityKeep, BodyPriorityStrip,
 	// BodyPriorityIgnore or BodyPrioritySet ("" reads as keep).
 	BodyPriority string
+	// CriticalKVHeadroom is the gateway's critical routing
+	// (flowhttp.GatewayConfig.CriticalKVHeadroom): nil takes the
+	// gateway's default (on at 0.1 with BodyPrioritySet, off otherwise), 0
+	// turns it off, a value in (0, 1] turns it on at that headroom.
+	CriticalKVHeadroom *float64
 	// Shared is the in-flight view shared with other replicas; off by
 	// default.
 	Shared SharedConfig
@@ -1048,6 +1060,14 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 	default:
 		return Config{}, fieldError(root, "flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q",
 			BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, fcf.BodyPriority)
+	}
+
+	if v := fcf.CriticalKVHeadroom; v != nil {
+		if !finite(*v) || *v < 0 || *v > 1 {
+			return Config{}, fieldError(root, "flowControl.criticalKVHeadroom", "must be in [0, 1] (0: off), got %v", *v)
+		}
+		h := *v
+		cfg.CriticalKVHeadroom = &h
 	}
 
 	if v := sd.QueueDepthThreshold; v != nil {

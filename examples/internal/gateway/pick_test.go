@@ -23,15 +23,15 @@ func TestPickAvoidsFailedAndUnusableBackends(t *testing.T) {
 	unusable.unusable.Store(true)
 	healthy.inflight.Store(100) // busiest, but the only one not avoided
 	for range 10 {
-		require.Same(t, healthy, p.pick())
+		require.Same(t, healthy, p.pick(1))
 	}
 	// A failure older than EjectFor no longer counts.
 	failed.failedAt.Store(time.Now().Add(-2 * EjectFor).UnixNano())
-	require.Same(t, failed, p.pick(), "fewest in flight among the eligible")
+	require.Same(t, failed, p.pick(1), "fewest in flight among the eligible")
 	// Every backend avoided: fewest in flight among all.
 	failed.failedAt.Store(time.Now().UnixNano())
 	healthy.unusable.Store(true)
 	failed.inflight.Store(5)
 	unusable.inflight.Store(1)
-	require.Same(t, unusable, p.pick())
+	require.Same(t, unusable, p.pick(1))
 }

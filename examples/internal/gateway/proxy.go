@@ -383,6 +383,10 @@ func GatewayConfig(cfg Config, policy flowcontrol.CeilingPolicy) flowhttp.Gatewa
 	case BodyPrioritySet:
 		gc.HTTP.ForwardPriority = flowhttp.PrioritySet
 	}
+	if h := cfg.CriticalKVHeadroom; h != nil {
+		gc.CriticalKVHeadroom = *h
+		gc.NoCriticalKVRouting = *h == 0
+	}
 	return gc
 }
 
@@ -624,7 +628,11 @@ const ReasonAborted = flowhttp.ReasonAborted
 // forward sends a request (gated and released, or ungated) to the
 // least-loaded backend.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
-	b := p.pick()
+	band, gated := flowhttp.BandOf(w)
+	if !gated {
+		band = -1 // routed as every band but 0
+	}
+	b := p.pick(band)
 	if b == nil {
 		flowhttp.SetReason(w, ReasonNoBackend)
 		flowhttp.WriteError(w, http.StatusServiceUnavailable, ReasonNoBackend, "no backend is configured", true)
@@ -723,8 +731,14 @@ func (b *bufferPool) Put(buf []byte) {
 // pick returns the backend with the fewest requests in flight (every
 // replica's when the view is shared; ties broken round-robin), passing over backends that failed within EjectFor or whose
 // metrics the poller cannot use — unless every backend is in that state —
-// or nil if there is none. It tells Options.OnPick what it saw.
-func (p *Proxy) pick() *backend {
+// or nil if there is none. Among the backends not passed over, a request in
+// band 0 is first kept to those the gateway's critical routing keeps
+// (flowhttp.Gateway.Eligible: those with the configured KV-cache headroom
+// at their last reading, when some have it and others not; on by default
+// with bodyPriority set), as flowhttp.Gateway.LeastLoadedFor(0) does; a
+// failed or unusable backend is never chosen for its headroom over one that
+// is not. It tells Options.OnPick what it saw.
+func (p *Proxy) pick(band int) *backend {
 	n := len(p.backends)
 	if n == 0 {
 		return nil
@@ -736,20 +750,22 @@ func (p *Proxy) pick() *backend {
 	}
 	start := int(p.rr.Add(1) % uint64(n))
 	var best *backend
-	bestAvoid, bestAt := true, -1
+	bestAvoid, bestOut, bestAt := true, true, -1
 	for i := 0; i < n; i++ {
 		at := (start + i) % n
 		b := p.backends[at]
 		f, unusable := b.failedAt.Load(), b.unusable.Load()
 		avoid := (f != 0 && now-f < int64(EjectFor)) || unusable
+		out := band == 0 && !p.gw.Eligible(0, b.label)
 		if seen != nil {
 			seen[at] = newBackendState(b.label, f, unusable)
 		}
 		switch {
 		case best == nil,
 			bestAvoid && !avoid,
-			avoid == bestAvoid && b.load() < best.load():
-			best, bestAvoid, bestAt = b, avoid, at
+			avoid == bestAvoid && bestOut && !out,
+			avoid == bestAvoid && out == bestOut && b.load() < best.load():
+			best, bestAvoid, bestOut, bestAt = b, avoid, out, at
 		}
 	}
 	if p.onPick != nil {

@@ -51,8 +51,8 @@ type Config struct {
 	// PriorityScheduling is vLLM's --scheduling-policy priority: the waiting queue is
 	// ordered by (Request.Priority, arrival), preempted requests included, and the
 	// preemption victim is the running request with the largest (Priority, arrival)
-	// among those not yet scheduled in the step (the one being scheduled included).
-	// False is the default FCFS policy.
+	// among all running ones, one already scheduled in the step included (it is
+	// unscheduled), as vLLM V1's scheduler does. False is the default FCFS policy.
 	PriorityScheduling bool
 }
 

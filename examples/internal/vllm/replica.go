@@ -241,19 +241,26 @@ func (r *Replica) Running() []*Request { return r.running }
 // Waiting returns the waiting requests, front first, appended to dst.
 func (r *Replica) Waiting(dst []*Request) []*Request { return r.waiting.appendTo(dst) }
 
-// preempt evicts a running request: under FCFS the most recently admitted one, under
-// PriorityScheduling the one with the largest (Priority, arrival) among running[from:]
-// (those not yet scheduled in this step). Its blocks are freed, its progress is reset
-// (recompute) and it goes back to the waiting queue (the front, under FCFS).
-func (r *Replica) preempt(from int) *Request {
+// victim returns the index in running of the request a failed allocation preempts, as
+// vLLM V1's scheduler picks it: under FCFS the most recently admitted one (the last of
+// running), under PriorityScheduling the one with the largest (Priority, arrival) among
+// all running requests, whether or not it was already scheduled in this step
+// (vllm/v1/core/sched/scheduler.py: max(self.running, key=(priority, arrival_time))).
+func (r *Replica) victim() int {
 	j := len(r.running) - 1
 	if r.cfg.PriorityScheduling {
-		for k := from; k < len(r.running); k++ {
+		for k := range r.running {
 			if before(r.running[j], r.running[k]) {
 				j = k
 			}
 		}
 	}
+	return j
+}
+
+// preempt evicts running[j]: its blocks are freed, its progress is reset (recompute) and
+// it goes back to the waiting queue (the front, under FCFS).
+func (r *Replica) preempt(j int) *Request {
 	v := r.running[j]
 	copy(r.running[j:], r.running[j+1:])
 	r.running[len(r.running)-1] = nil
@@ -265,14 +272,31 @@ func (r *Replica) preempt(from int) *Request {
 	return v
 }
 
+// unschedule removes v from the batch being built and returns the tokens it had been
+// given (vLLM gives them back to the step's token budget).
+func (r *Replica) unschedule(v *Request) int {
+	for k, sc := range r.batch {
+		if sc.req == v {
+			copy(r.batch[k:], r.batch[k+1:])
+			r.batch[len(r.batch)-1] = scheduled{}
+			r.batch = r.batch[:len(r.batch)-1]
+			return sc.tokens
+		}
+	}
+	return 0
+}
+
 // Begin schedules the next step the way vLLM's V1 scheduler does and returns its duration,
 // the Preempted events it caused (appended to dst), and false when there is nothing to do.
 //
 //  1. Running requests, oldest first, each get min(remaining known tokens, token budget)
 //     tokens: one for a decoding request, a (possibly partial) chunk for one in prefill.
-//     Their KV blocks are allocated now; when the cache is out of blocks the newest
-//     running request is preempted (possibly the one being scheduled) until the
-//     allocation fits.
+//     Their KV blocks are allocated now; when the cache is out of blocks a victim is
+//     preempted until the allocation fits: under FCFS the newest running request, under
+//     PriorityScheduling the running request with the largest (Priority, arrival), one
+//     already scheduled in this step included (it is unscheduled and its tokens return
+//     to the budget). When the victim is the request being scheduled, no further running
+//     request is scheduled in this step.
 //  2. If nothing was preempted, waiting requests are admitted FCFS while running <
 //     MaxNumSeqs and budget remains; a prompt longer than the budget is chunked. Admission
 //     stops at the first request whose blocks cannot be allocated.
@@ -284,9 +308,11 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 	budget := r.cfg.MaxBatchedTokens
 	preempted := false
 	var b Batch
+	rebuild := false // a request scheduled earlier in this step was preempted
 	for i := 0; i < len(r.running) && budget > 0; {
 		q := r.running[i]
 		n := min(q.known()-q.computed, budget)
+		fits := true
 		for {
 			need := r.blocksFor(q.computed+n) - q.blocks
 			if need <= r.free {
@@ -294,22 +320,37 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 				q.blocks += need
 				break
 			}
-			v := r.preempt(i)
+			j := r.victim()
+			if j < i {
+				// Already scheduled in this step (PriorityScheduling only: under
+				// FCFS the victim is the last, at or after i): unschedule it.
+				budget += r.unschedule(r.running[j])
+				rebuild = true
+				i--
+			}
+			v := r.preempt(j)
 			preempted = true
 			dst = append(dst, Event{Kind: Preempted, Req: v})
 			if v == q {
+				fits = false
 				break
 			}
 		}
-		if i >= len(r.running) || r.running[i] != q {
-			// q preempted itself (under FCFS it was the newest, so nothing follows;
-			// under PriorityScheduling the next running request is now at i).
-			continue
+		if !fits {
+			// q preempted itself: no running request is lower in the policy's
+			// order, and vLLM stops scheduling running requests for this step.
+			break
 		}
 		r.batch = append(r.batch, scheduled{q, n})
 		b.add(q, n)
 		budget -= n
 		i++
+	}
+	if rebuild {
+		b = Batch{}
+		for _, sc := range r.batch {
+			b.add(sc.req, sc.tokens)
+		}
 	}
 	admitted := 0
 	if !preempted {

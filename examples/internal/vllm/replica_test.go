@@ -424,3 +424,98 @@ func TestAbortFreesBlocksWherever(t *testing.T) {
 	require.False(t, r.Abort(a), "no longer there")
 	require.False(t, r.HasWork())
 }
+
+// TestPriorityVictimMayBeScheduledAlready: as in vLLM V1 (scheduler.py, max over
+// self.running by (priority, arrival_time)), the victim of a failed allocation is the
+// lowest-priority running request even when it was already scheduled earlier in the
+// step: it is unscheduled (its tokens return to the budget) and the urgent request
+// being scheduled keeps its place. lo is admitted first, so it is scheduled first.
+func TestPriorityVictimMayBeScheduledAlready(t *testing.T) {
+	cfg := smallConfig(10, 16, 8192, 8)
+	cfg.PriorityScheduling = true
+	r, err := New(cfg)
+	require.NoError(t, err)
+	lo := &Request{ID: 1, Input: 64, Output: 50, Priority: 1}
+	hi := &Request{ID: 2, Input: 80, Output: 50, Priority: 0}
+	require.NoError(t, r.Add(lo))
+	_, _, ok := r.Step(nil) // lo prefills: 4 blocks
+	require.True(t, ok)
+	require.NoError(t, r.Add(hi))
+	_, _, ok = r.Step(nil) // lo's 65th token takes a 5th block, hi prefills into the last 5
+	require.True(t, ok)
+	require.Zero(t, r.FreeBlocks())
+	// lo (scheduled first) needs no block; hi's 81st token needs one: lo is the victim.
+	_, evs, ok := r.Begin(nil)
+	require.True(t, ok)
+	require.Equal(t, []Event{{Kind: Preempted, Req: lo}}, evs)
+	require.Equal(t, []*Request{hi}, r.Running())
+	require.Equal(t, Batch{Requests: 1, DecodeTokens: 1, ContextTokens: 81}, r.LastBatch(), "lo's token left the batch")
+	evs = r.Finish(nil)
+	require.Empty(t, evs)
+	require.Equal(t, 2, hi.Generated(), "hi sampled at its prefill and decoded once since")
+	checkBlocks(t, r, true)
+}
+
+// TestPriorityPreemptionOrder: whatever the requests, priorities and limits, every
+// request a step preempts is later in the (priority, arrival) order than every request
+// still running after it (the victim is always the largest running one, scheduled in
+// the step or not), the batch holds only running requests within the token budget,
+// and the KV accounting holds; the replica still drains.
+func TestPriorityPreemptionOrder(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		bs := rapid.IntRange(1, 16).Draw(t, "blockSize")
+		cfg := smallConfig(rapid.IntRange(4, 64).Draw(t, "blocks"), bs,
+			rapid.IntRange(1, 96).Draw(t, "budget"), rapid.IntRange(1, 8).Draw(t, "seqs"))
+		cfg.PriorityScheduling = true
+		r, err := New(cfg)
+		require.NoError(t, err)
+		maxTokens := cfg.TotalBlocks * cfg.BlockSize
+		check := func(evs []Event) {
+			for _, e := range evs {
+				if e.Kind != Preempted {
+					continue
+				}
+				for _, q := range r.Running() {
+					require.True(t, before(q, e.Req), "running %d (prio %d) is before victim %d (prio %d)", q.ID, q.Priority, e.Req.ID, e.Req.Priority)
+				}
+			}
+			tokens := 0
+			for _, sc := range r.batch {
+				require.Contains(t, r.Running(), sc.req)
+				tokens += sc.tokens
+			}
+			require.LessOrEqual(t, tokens, cfg.MaxBatchedTokens)
+			b := r.LastBatch()
+			require.Equal(t, len(r.batch), b.Requests)
+			require.Equal(t, tokens, b.PrefillTokens+b.DecodeTokens)
+		}
+		ops := rapid.IntRange(1, 80).Draw(t, "ops")
+		id := uint64(0)
+		for range ops {
+			if rapid.Bool().Draw(t, "add") {
+				in := rapid.IntRange(1, maxTokens-1).Draw(t, "in")
+				out := rapid.IntRange(1, maxTokens-in+1).Draw(t, "out")
+				id++
+				require.NoError(t, r.Add(&Request{ID: id, Input: in, Output: out, Priority: rapid.IntRange(0, 2).Draw(t, "prio")}))
+				continue
+			}
+			_, evs, ok := r.Begin(nil)
+			checkBlocks(t, r, false)
+			if ok {
+				check(evs)
+				r.Finish(nil)
+				checkBlocks(t, r, true)
+			}
+		}
+		for steps := 0; r.HasWork(); steps++ {
+			require.Less(t, steps, 1_000_000, "replica drains")
+			_, evs, ok := r.Begin(nil)
+			if ok {
+				check(evs)
+				r.Finish(nil)
+			}
+			checkBlocks(t, r, true)
+		}
+		require.Equal(t, cfg.TotalBlocks, r.FreeBlocks())
+	})
+}
