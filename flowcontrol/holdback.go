@@ -160,7 +160,14 @@ func HoldbackCeilings(c HoldbackConfig, priorities []int) ([]float64, error) {
 	case c.Domain == HoldbackValue:
 		pMin, pMax := float64(priorities[n-1]), float64(priorities[0])
 		for i, p := range priorities {
-			out[i] = lo + (float64(p)-pMin)/(pMax-pMin)*(hi-lo)
+			switch float64(p) {
+			case pMax: // exactly maxCeiling: lo + 1·(hi−lo) can round off it
+				out[i] = hi
+			case pMin:
+				out[i] = lo
+			default:
+				out[i] = lo + (float64(p)-pMin)/(pMax-pMin)*(hi-lo)
+			}
 		}
 	default: // rank
 		for i := range out {
