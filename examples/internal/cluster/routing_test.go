@@ -349,34 +349,31 @@ func TestCriticalKVRoutingKeepsHeadroom(t *testing.T) {
 		// None (and every policy not flowgate's) routes as Routing does, kv or not.
 		c.onRoute = nil
 		if !c.flowgate() {
-			a, err := Run(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.CriticalRouting = CriticalRoutingSame
-			b, err := Run(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if a != b {
-				t.Fatalf("kv under %s differs from same:\n%+v\n%+v", c.Policy, a, b)
-			}
-			c.CriticalRouting = CriticalRoutingKV
+			requireRoutesAsSame(t, c, "kv under "+c.Policy)
 		}
 		// Without backend priority, kv-bp routes as Routing does.
 		c.BackendPriority = false
 		c.CriticalRouting = CriticalRoutingKVWithPriority
-		a, err := Run(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.CriticalRouting = CriticalRoutingSame
-		b, err := Run(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a != b {
-			t.Fatalf("kv-bp without backend priority differs from same:\n%+v\n%+v", a, b)
-		}
+		requireRoutesAsSame(t, c, "kv-bp without backend priority")
 	})
+}
+
+// requireRoutesAsSame fails t unless c runs exactly as it does with
+// CriticalRoutingSame.
+func requireRoutesAsSame(t interface {
+	Fatal(...any)
+	Fatalf(string, ...any)
+}, c Config, what string) {
+	a, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CriticalRouting = CriticalRoutingSame
+	b, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Fatalf("%s differs from same:\n%+v\n%+v", what, a, b)
+	}
 }
