@@ -169,13 +169,12 @@ const DefaultCriticalKVHeadroom = 0.1
 // NewGateway.
 type Gateway struct {
 	endpoints []string
-	metrics   map[string]string // base URL → its metrics URL (the poller's name for it)
-	murls     []string          // metrics URLs, in endpoint order
-	usable    []atomic.Bool     // the poller's verdict per endpoint, copied every interval (LeastLoaded)
-	rr        atomic.Uint64     // LeastLoaded's tie-breaker
-	index     map[string]int    // base URL → its index in endpoints
-	byMetric  map[string]int    // metrics URL → its index in endpoints
-	headroom  float64           // the critical routing's KV headroom; 0: off
+	murls     []string       // metrics URLs, in endpoint order
+	usable    []atomic.Bool  // the poller's verdict per endpoint, copied every interval (LeastLoaded)
+	rr        atomic.Uint64  // LeastLoaded's tie-breaker
+	index     map[string]int // base URL → its index in endpoints (and murls)
+	byMetric  map[string]int // metrics URL (the poller's name for it) → its index in endpoints
+	headroom  float64        // the critical routing's KV headroom; 0: off
 	kv        atomic.Pointer[kvView]
 	kvMu      sync.Mutex // held while a kvView is rebuilt
 	interval  time.Duration
@@ -213,7 +212,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if path == "" {
 		path = DefaultMetricsPath
 	}
-	g := &Gateway{metrics: map[string]string{}, index: map[string]int{}, byMetric: map[string]int{}}
+	g := &Gateway{index: map[string]int{}, byMetric: map[string]int{}}
 	switch {
 	case cfg.NoCriticalKVRouting:
 	case cfg.CriticalKVHeadroom > 0:
@@ -227,11 +226,10 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("%w: Endpoints[%d] %q is not an http(s) base URL", ErrInvalidConfig, i, raw)
 		}
-		if _, dup := g.metrics[raw]; dup {
+		if _, dup := g.index[raw]; dup {
 			return nil, fmt.Errorf("%w: Endpoints[%d] %q is listed twice", ErrInvalidConfig, i, raw)
 		}
 		m := u.JoinPath(path).String()
-		g.metrics[raw] = m
 		g.index[raw] = len(g.endpoints)
 		g.byMetric[m] = len(g.endpoints)
 		g.endpoints = append(g.endpoints, raw)
@@ -335,8 +333,12 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 		rec.forwarded = true
 		g.gate.forwarded.Add(1)
 	}
-	m, ok := g.metrics[endpoint]
-	if !ok || !g.poller.Dispatched(m) {
+	i, ok := g.index[endpoint]
+	if !ok {
+		return func() {}
+	}
+	m := g.murls[i]
+	if !g.poller.Dispatched(m) {
 		return func() {}
 	}
 	var once atomic.Bool

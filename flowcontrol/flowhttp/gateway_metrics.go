@@ -67,16 +67,13 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(c.g.gate.mem.inUse()))
 	gap := c.g.ctrl.InFlight() - c.g.gate.forwarded.Load()
 	ch <- prometheus.MustNewConstMetric(c.gap, prometheus.GaugeValue, float64(max(gap, 0)))
-	byMetrics := make(map[string]string, len(c.g.metrics))
-	for base, m := range c.g.metrics {
-		byMetrics[m] = base
-	}
 	usable := 0
 	for _, r := range c.g.poller.Readings() {
-		base, ok := byMetrics[r.Endpoint]
+		i, ok := c.g.byMetric[r.Endpoint]
 		if !ok {
 			continue
 		}
+		base := c.g.endpoints[i]
 		if r.Usable {
 			usable++
 		}
