@@ -131,7 +131,7 @@ type sim struct {
 	events   eventHeap
 	replicas []*vllm.Replica
 	busy     []bool // a step is in flight
-	among    []bool // routeKV's replicas tied at the lowest KV usage
+	among    []bool // routeKV's filter: the replicas with the KV headroom free
 	critKV   bool   // critical requests are routed by routeKV (Config.CriticalRouting)
 	kicked   []bool // an evKick is pending
 	gws      []*gateway
