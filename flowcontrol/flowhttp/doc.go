@@ -23,7 +23,8 @@
 // on. Then it goes, by the same rule, to an endpoint whose last reading
 // leaves at least GatewayConfig.CriticalKVHeadroom of its KV cache free
 // (vllm:kv_cache_usage_perc ≤ 1 − headroom), when some endpoints have that
-// room and others do not. The routing is on by default, at
+// room and others do not, and to the endpoints with the most free when none
+// has it. The routing is on by default, at
 // DefaultCriticalKVHeadroom (10 %), when the gateway writes the band into
 // the forwarded body (Options.ForwardPriority PrioritySet): that is the
 // operator's statement that the model servers schedule by priority (vLLM's

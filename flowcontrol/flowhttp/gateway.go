@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"sync"
@@ -128,7 +129,8 @@ type GatewayConfig struct {
 	// and Eligible: a band-0 request goes to an endpoint with at least
 	// this share of its KV cache free at its last reading (1 −
 	// vllm:kv_cache_usage_perc, the poller's Reading.KVUsage, the pod
-	// usable), when some endpoints have it and others do not. In [0, 1].
+	// usable), when some endpoints have it and others do not; when none
+	// has it, to the endpoints with the lowest usage. In [0, 1].
 	// Zero takes DefaultCriticalKVHeadroom when HTTP.ForwardPriority is
 	// PrioritySet (the operator's statement that the model servers
 	// schedule by priority) and leaves the routing off otherwise; a value
@@ -150,13 +152,14 @@ type GatewayConfig struct {
 // until the running requests' growth forces a preemption, while another
 // replica may have room. In the simulator (examples/sim/README.md, "Backend
 // priority at reasoning@0.7") routing band 0 among the replicas with 10 %
-// of their cache free took reasoning@0.7's critical TTFT p99 with
-// soft-reflective and backend priority to under 2× the critical-only floor
-// on seeds 1–5 (318 ms), with nothing else moving; over 20 seeds its effect
-// is of the size of the spread between seeds and no headroom tried (0.05,
-// 0.1, 0.15) keeps every seed under 4× the floor ("round 4b"). The headroom
-// is a filter, not a score (sending every critical request to the emptiest
-// cache unbalanced the code-generation pods).
+// of their cache free, and to the emptiest when none has it ("round 5"),
+// took reasoning@0.7's critical TTFT p99 with soft-reflective and backend
+// priority to 1.3× the critical-only floor on seeds 1–5 (241 ms) and over
+// seeds 1–40 (224 ms), with nothing else under reasoning@1.2 moving; 3 of
+// the 40 seeds stay above 4× the floor, and no headroom tried (0.05–0.3)
+// removes them. The headroom is a filter, not a score (sending every
+// critical request to the emptiest cache unbalanced the code-generation
+// pods).
 const DefaultCriticalKVHeadroom = 0.1
 
 // Gateway is a protected inference gateway short of its routing: the
@@ -437,9 +440,10 @@ func (g *Gateway) LeastLoaded() string { return g.pick(nil) }
 
 // LeastLoadedFor is LeastLoaded for a request in band: with the critical
 // routing on (GatewayConfig.CriticalKVHeadroom) a band-0 request is routed
-// by LeastLoaded's rule among the endpoints Eligible keeps, those with the
-// headroom free in their KV cache at their last reading (all of them when
-// none or all have it). Every other band, and band 0 with the routing off,
+// by LeastLoaded's rule among the endpoints Eligible keeps: those with the
+// headroom free in their KV cache at their last reading or, when none has
+// it, those with the most free (all of them when all have the headroom or
+// no reading is usable). Every other band, and band 0 with the routing off,
 // is routed as LeastLoaded routes it. "" when there are no endpoints.
 func (g *Gateway) LeastLoadedFor(band int) string {
 	if band != 0 || g.headroom == 0 {
@@ -466,7 +470,8 @@ func (g *Gateway) Route(w http.ResponseWriter) string {
 // GatewayConfig.Endpoints, as written there) for a request in band: false
 // only when the routing is on, band is 0, and endpoint's last reading is
 // unusable or leaves less than the headroom free while another endpoint's
-// leaves it. A host with its own routing ranks the endpoints Eligible
+// leaves it, or, when no endpoint's leaves it, leaves less free than
+// another's. A host with its own routing ranks the endpoints Eligible
 // rejects after every other (LeastLoadedFor does exactly that). An endpoint
 // the gateway does not know is eligible. A host that calls it once per
 // endpoint may, across a new reading, mix two readings in one pick.
@@ -510,8 +515,9 @@ func (g *Gateway) pick(keep []bool) string {
 }
 
 // kvView is the critical routing's filter as of one poller reading
-// sequence: keep[i] for the endpoints with the headroom, nil when none or
-// all have it (no filter).
+// sequence: keep[i] for the endpoints with the headroom, or, when none has
+// it, for those with the lowest KV usage; nil when that keeps all of them
+// or no reading is usable (no filter).
 type kvView struct {
 	seq  uint64
 	keep []bool
@@ -541,11 +547,33 @@ func (g *Gateway) kvKeep() []bool {
 	}
 	n := len(g.endpoints)
 	keep, k := make([]bool, n), 0
-	limit := 1 - g.headroom
-	for _, r := range g.poller.Readings() {
-		if i, ok := g.byMetric[r.Endpoint]; ok && !keep[i] && r.OK && r.Usable && r.KVUsage <= limit {
+	limit, lowest := 1-g.headroom, math.Inf(1)
+	readings := g.poller.Readings()
+	for _, r := range readings {
+		i, ok := g.byMetric[r.Endpoint]
+		if !ok || !r.OK || !r.Usable {
+			continue
+		}
+		lowest = min(lowest, r.KVUsage)
+		if !keep[i] && r.KVUsage <= limit {
 			keep[i] = true
 			k++
+		}
+	}
+	if k == 0 {
+		// No endpoint has the headroom: keep those with the most free,
+		// not all of them. A critical prompt waits at the head of a full
+		// replica's queue until enough blocks free, and a replica with
+		// more free gets there sooner (examples/sim/README.md, "round
+		// 5": over 20 seeds of reasoning@0.7 this fallback took the
+		// median critical TTFT p99 from 377 to 213 ms and the worst seed
+		// from 1.56 s to 845 ms; the fewest in flight or the fewest
+		// waiting as the fallback did worse).
+		for _, r := range readings {
+			if i, ok := g.byMetric[r.Endpoint]; ok && !keep[i] && r.OK && r.Usable && r.KVUsage == lowest {
+				keep[i] = true
+				k++
+			}
 		}
 	}
 	v = &kvView{seq: seq}

@@ -51,7 +51,8 @@ func (f *fakePods) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // routeModel is the critical routing as the documentation states it, kept
 // apart from the code: the endpoints whose last scrape succeeded with KV
-// usage ≤ 1 − headroom, all of them when none or all are; among those the
+// usage ≤ 1 − headroom or, when none is, those (with a successful scrape)
+// with the lowest usage; all of them when that keeps all; among those the
 // fewest in flight, ties to the first met from the round-robin start (the
 // counter advances on every pick). The gateway is never started, so no
 // endpoint reads usable to LeastLoaded's first rule: it ranks none first.
@@ -70,6 +71,20 @@ func (m *routeModel) keep() []bool {
 		if m.ok[i] && m.kv[i] <= 1-m.headroom {
 			keep[i] = true
 			k++
+		}
+	}
+	if k == 0 {
+		lowest := math.Inf(1)
+		for i := range n {
+			if m.ok[i] {
+				lowest = min(lowest, m.kv[i])
+			}
+		}
+		for i := range n {
+			if m.ok[i] && m.kv[i] == lowest {
+				keep[i] = true
+				k++
+			}
 		}
 	}
 	if m.headroom == 0 || k == 0 || k == n {

@@ -73,8 +73,9 @@ const (
 	CriticalRoutingSame = "same"
 	// CriticalRoutingKV routes a critical request among the replicas that have at
 	// least Config.CriticalKVHeadroom of their KV cache free at the gateway's last
-	// scrape (1 − vllm:kv_cache_usage_perc), by Config.Routing; when none or all
-	// have, among all (flowhttp.Gateway.LeastLoadedFor(0) with RoutingInFlight).
+	// scrape (1 − vllm:kv_cache_usage_perc), by Config.Routing; when none has,
+	// among those with the lowest usage; when all have, among all
+	// (flowhttp.Gateway.LeastLoadedFor(0) with RoutingInFlight).
 	// Under vLLM's priority scheduling a critical request passes every sheddable
 	// one in the waiting queue but still needs free KV blocks for its prompt, and
 	// vLLM preempts no running request to admit a waiting one: on a replica whose

@@ -97,7 +97,8 @@ func (p *kvPods) RoundTrip(r *http.Request) (*http.Response, error) {
 // random sequence of KV readings (a scrape of every replica, as the sim's gateway
 // takes them), requests forwarded in either band and requests finished, and requires
 // the same choice at every step: the filter's edge (usage exactly 1 − headroom), its
-// fallback when none or all replicas have the headroom, and the round-robin ties.
+// fallbacks when none (the lowest usage, ties kept) or all replicas have the headroom,
+// and the round-robin ties.
 func TestCriticalKVRoutingIsLeastLoadedFor(t *testing.T) {
 	defer goleak.VerifyNone(t) // the gateways are built and closed, never started
 	rapid.Check(t, func(t *rapid.T) {

@@ -814,20 +814,31 @@ func (s *sim) routeAmong(g *gateway, among []bool) int {
 	return s.routeScrape(g, among)
 }
 
-// routeKV (CriticalRoutingKV) filters, then routes: when some replicas, not all, have
-// at least Config.CriticalKVHeadroom of their KV cache free at gateway g's last scrape
-// (1 − vllm:kv_cache_usage_perc), the gateway's Routing decides among those; otherwise
-// among all, as route does.
+// routeKV (CriticalRoutingKV) filters, then routes, as flowhttp.Gateway.LeastLoadedFor(0)
+// does: the gateway's Routing decides among the replicas with at least
+// Config.CriticalKVHeadroom of their KV cache free at gateway g's last scrape (1 −
+// vllm:kv_cache_usage_perc) or, when none has it, among those with the lowest usage;
+// among all, as route does, when that keeps all.
 func (s *sim) routeKV(g *gateway) int {
-	limit := 1 - s.cfg.CriticalKVHeadroom
+	limit, lowest := 1-s.cfg.CriticalKVHeadroom, math.Inf(1)
 	n := 0
 	for r := range s.replicas {
-		s.among[r] = g.readings[r].KVUsage <= limit
+		kv := g.readings[r].KVUsage
+		lowest = min(lowest, kv)
+		s.among[r] = kv <= limit
 		if s.among[r] {
 			n++
 		}
 	}
-	if n == 0 || n == len(s.replicas) {
+	if n == 0 {
+		for r := range s.replicas {
+			s.among[r] = g.readings[r].KVUsage == lowest
+			if s.among[r] {
+				n++
+			}
+		}
+	}
+	if n == len(s.replicas) {
 		return s.route(g)
 	}
 	return s.routeAmong(g, s.among)

@@ -115,7 +115,8 @@ type fileFlowControl struct {
 	// CriticalKVHeadroom is flowgate's critical routing
 	// (flowhttp.GatewayConfig.CriticalKVHeadroom): a critical request goes
 	// to a backend with at least this share of its KV cache free at the
-	// last scrape, when some have it and others not. Unset: 0.1 with
+	// last scrape, when some have it and others not, and to those with the
+	// lowest usage when none has it. Unset: 0.1 with
 	// bodyPriority set (the backends schedule by priority), off otherwise;
 	// 0 turns it off; a value in (0, 1] turns it on.
 	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom"`
