@@ -35,7 +35,8 @@
 // and the routing is off unless CriticalKVHeadroom sets it;
 // NoCriticalKVRouting turns it off. BandOf tells next the band the gate
 // placed the request in; a host with its own routing ranks the endpoints
-// Gateway.Eligible rejects after the others, or calls LeastLoadedFor(band).
+// Gateway.Eligibility(band) rejects after the others (one reading for the
+// whole pick; Eligible asks for one endpoint), or calls LeastLoadedFor(band).
 //
 // # Where unlabelled requests go
 //

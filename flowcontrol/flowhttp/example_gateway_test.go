@@ -139,3 +139,36 @@ func ExampleGateway_Route() {
 	// band 0 → b
 	// band 0 → b
 }
+
+// A host with its own routing asks for the critical routing's verdict once
+// per pick (one reading for every endpoint) and ranks the endpoints it
+// rejects last. Both servers here are above the 10 % headroom line (97 %
+// and 95 % full), so band 0 is kept to the one with the most free, b;
+// every other band is routed as the host likes.
+func ExampleGateway_Eligibility() {
+	metrics := func(kv string) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc "+kv+"\n")
+		}))
+	}
+	a, b := metrics("0.97"), metrics("0.95")
+	defer a.Close()
+	defer b.Close()
+	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{a.URL, b.URL},
+		HTTP:   flowhttp.Options{ForwardPriority: flowhttp.PrioritySet},
+		Poller: saturation.PollerConfig{Scorer: saturation.Scorer{Staleness: time.Minute}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer gw.Close()
+	if err := gw.Poller().Poll(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	for band := range 2 {
+		el := gw.Eligibility(band)
+		fmt.Printf("band %d: a %v, b %v\n", band, el.Keeps(a.URL), el.Keeps(b.URL))
+	}
+	// Output:
+	// band 0: a false, b true
+	// band 1: a true, b true
+}

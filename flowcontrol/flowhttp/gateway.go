@@ -474,17 +474,46 @@ func (g *Gateway) Route(w http.ResponseWriter) string {
 // another's. A host with its own routing ranks the endpoints Eligible
 // rejects after every other (LeastLoadedFor does exactly that). An endpoint
 // the gateway does not know is eligible. A host that calls it once per
-// endpoint may, across a new reading, mix two readings in one pick.
+// endpoint may, across a new reading, mix two readings in one pick:
+// Eligibility answers the same question for every endpoint from one
+// reading.
 func (g *Gateway) Eligible(band int, endpoint string) bool {
+	return g.Eligibility(band).Keeps(endpoint)
+}
+
+// Eligibility is the critical routing's verdict for one pick, taken from
+// one reading: Keeps(endpoint) is what Eligible(band, endpoint) reported
+// when Eligibility(band) was called, for every endpoint alike, however many
+// readings arrive meanwhile. A value is cheap (no allocation) and meant to
+// live for one routing decision:
+//
+//	el := gw.Eligibility(band)
+//	for _, ep := range candidates {
+//		if !el.Keeps(ep) { /* rank it after the others */ }
+//	}
+type Eligibility struct {
+	index map[string]int
+	keep  []bool // nil: every endpoint is kept
+}
+
+// Eligibility returns the critical routing's verdict for a request in band
+// as of the last reading (see Eligible).
+func (g *Gateway) Eligibility(band int) Eligibility {
 	if band != 0 || g.headroom == 0 {
+		return Eligibility{}
+	}
+	return Eligibility{index: g.index, keep: g.kvKeep()}
+}
+
+// Keeps reports whether the verdict keeps endpoint (one of
+// GatewayConfig.Endpoints, as written there); an endpoint the gateway does
+// not know is kept. The zero Eligibility keeps every endpoint.
+func (e Eligibility) Keeps(endpoint string) bool {
+	if e.keep == nil {
 		return true
 	}
-	i, ok := g.index[endpoint]
-	if !ok {
-		return true
-	}
-	keep := g.kvKeep()
-	return keep == nil || keep[i]
+	i, ok := e.index[endpoint]
+	return !ok || e.keep[i]
 }
 
 // CriticalKVHeadroom returns the critical routing's headroom as configured

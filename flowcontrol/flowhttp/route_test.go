@@ -115,8 +115,9 @@ func (m *routeModel) pick(band int) int {
 
 // TestLeastLoadedForMatchesModel drives a Gateway through random sequences of
 // scrapes (KV readings, failed scrapes), picks in random bands, forwards and
-// finishes, and requires LeastLoadedFor and Eligible to agree with
-// routeModel at every step.
+// finishes, and requires LeastLoadedFor, Eligible and Eligibility to agree
+// with routeModel at every step, and an Eligibility to keep the verdict of
+// the reading it was taken from.
 func TestLeastLoadedForMatchesModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 5).Draw(t, "endpoints")
@@ -144,6 +145,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 		}
 		var live []open
 		kvs := []float64{0, 0.3, 0.85, 0.9, 0.95, 0.99, 1}
+		held, heldKeep, heldAt := gw.Eligibility(0), m.keep(), -1 // before any scrape
 		for step := range rapid.IntRange(1, 100).Draw(t, "steps") {
 			switch rapid.IntRange(0, 3).Draw(t, "action") {
 			case 0: // a scrape of every endpoint
@@ -179,8 +181,19 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 						if got := gw.Eligible(band, ep); got != want {
 							t.Fatalf("step %d: Eligible(%d, %d) = %v, the model says %v (kv %v ok %v)", step, band, i, got, want, m.kv, m.ok)
 						}
+						if got := gw.Eligibility(band).Keeps(ep); got != want {
+							t.Fatalf("step %d: Eligibility(%d).Keeps(%d) = %v, the model says %v (kv %v ok %v)", step, band, i, got, want, m.kv, m.ok)
+						}
 					}
 				}
+				// A verdict taken earlier keeps its reading, whatever
+				// scrapes came since.
+				for i, ep := range eps {
+					if got, want := held.Keeps(ep), heldKeep == nil || heldKeep[i]; got != want {
+						t.Fatalf("step %d: an Eligibility(0) held since step %d keeps %d: %v, its reading said %v", step, heldAt, i, got, want)
+					}
+				}
+				held, heldKeep, heldAt = gw.Eligibility(0), keep, step
 			}
 		}
 		for _, o := range live {

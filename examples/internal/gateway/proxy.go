@@ -733,9 +733,10 @@ func (b *bufferPool) Put(buf []byte) {
 // metrics the poller cannot use — unless every backend is in that state —
 // or nil if there is none. Among the backends not passed over, a request in
 // band 0 is first kept to those the gateway's critical routing keeps
-// (flowhttp.Gateway.Eligible: those with the configured KV-cache headroom
-// at their last reading, when some have it and others not; on by default
-// with bodyPriority set), as flowhttp.Gateway.LeastLoadedFor(0) does; a
+// (flowhttp.Gateway.Eligibility, one reading for the whole pick: those with
+// the configured KV-cache headroom at their last reading, when some have it
+// and others not, those with the lowest usage when none has it; on by
+// default with bodyPriority set), as flowhttp.Gateway.LeastLoadedFor(0) does; a
 // failed or unusable backend is never chosen for its headroom over one that
 // is not. It tells Options.OnPick what it saw.
 func (p *Proxy) pick(band int) *backend {
@@ -748,6 +749,7 @@ func (p *Proxy) pick(band int) *backend {
 	if p.onPick != nil {
 		seen = make([]BackendState, n)
 	}
+	el := p.gw.Eligibility(band)
 	start := int(p.rr.Add(1) % uint64(n))
 	var best *backend
 	bestAvoid, bestOut, bestAt := true, true, -1
@@ -756,7 +758,7 @@ func (p *Proxy) pick(band int) *backend {
 		b := p.backends[at]
 		f, unusable := b.failedAt.Load(), b.unusable.Load()
 		avoid := (f != 0 && now-f < int64(EjectFor)) || unusable
-		out := band == 0 && !p.gw.Eligible(0, b.label)
+		out := !el.Keeps(b.label)
 		if seen != nil {
 			seen[at] = newBackendState(b.label, f, unusable)
 		}
