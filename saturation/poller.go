@@ -461,17 +461,24 @@ func (p *Poller) Endpoints() []string {
 }
 
 // Readings returns a snapshot of every pod's state, in endpoint order.
-func (p *Poller) Readings() []PodReading {
+func (p *Poller) Readings() []PodReading { return p.AppendReadings(nil) }
+
+// AppendReadings appends Readings' snapshot to dst and returns the extended
+// slice. A caller that takes snapshots often (a router re-reading every
+// pod after each scrape result, which at 1,000 pods scraped every 50 ms is
+// 20,000 times a second) passes its previous slice truncated to zero
+// length and allocates nothing once it has grown.
+func (p *Poller) AppendReadings(dst []PodReading) []PodReading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]PodReading, len(p.order))
-	for i, pd := range p.order {
-		out[i] = pd.PodReading
+	for _, pd := range p.order {
+		r := pd.PodReading
 		if p.cfg.InFlight == nil {
-			out[i].InFlight = pd.cr.count() + pd.peers
+			r.InFlight = pd.cr.count() + pd.peers
 		}
+		dst = append(dst, r)
 	}
-	return out
+	return dst
 }
 
 // Rescore recomputes the saturation from the readings held, with the current

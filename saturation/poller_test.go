@@ -90,6 +90,19 @@ func TestPollerGenuineVLLM(t *testing.T) {
 	assert.NoError(t, rs[0].Err)
 	assert.Equal(t, int64(1), rs[0].Scrapes)
 	assert.InDelta(t, 2, rs[1].Score, 1e-12)
+
+	// AppendReadings is Readings after what dst holds, in dst's array
+	// when it has the room; the live in-flight count included.
+	p.Dispatched(b)
+	rs = p.Readings()
+	require.Equal(t, int64(1), rs[1].InFlight)
+	head := PodReading{Endpoint: "kept"}
+	buf := p.AppendReadings(append(make([]PodReading, 0, 3), head))
+	require.Equal(t, append([]PodReading{head}, rs...), buf)
+	again := p.AppendReadings(buf[:0])
+	require.Equal(t, rs, again)
+	require.Same(t, &buf[0], &again[0], "dst's array is reused")
+	p.Finished(b)
 }
 
 func TestPollerBadEndpoints(t *testing.T) {

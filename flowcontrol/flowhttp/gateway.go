@@ -179,7 +179,8 @@ type Gateway struct {
 	byMetric  map[string]int // metrics URL (the poller's name for it) → its index in endpoints
 	headroom  float64        // the critical routing's KV headroom; 0: off
 	kv        atomic.Pointer[kvView]
-	kvMu      sync.Mutex // held while a kvView is rebuilt
+	kvMu      sync.Mutex              // held while a kvView is rebuilt, and for kvBuf
+	kvBuf     []saturation.PodReading // the rebuild's snapshot, reused
 	interval  time.Duration
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
@@ -555,9 +556,12 @@ type kvView struct {
 // kvKeep returns the critical routing's filter (nil: none), rebuilt from
 // the poller's readings when a scrape result arrived since the last build
 // (Poller.ReadingSeq), so a pick reads the last reading, not one an
-// interval old. The rebuild is one Readings snapshot per new reading at
-// most; a pick that finds another goroutine rebuilding uses the previous
-// filter.
+// interval old. The rebuild is one snapshot of the poller's readings per
+// new reading at most, into a buffer kept for it (at 1,000 pods 25 µs and
+// one 1 KB filter, against 69 µs and 214 KB with a fresh Readings slice:
+// BenchmarkCriticalPick), since at that size nearly every critical pick
+// follows a new reading; a pick that finds another goroutine rebuilding
+// uses the previous filter.
 func (g *Gateway) kvKeep() []bool {
 	seq := g.poller.ReadingSeq()
 	v := g.kv.Load()
@@ -577,7 +581,8 @@ func (g *Gateway) kvKeep() []bool {
 	n := len(g.endpoints)
 	keep, k := make([]bool, n), 0
 	limit, lowest := 1-g.headroom, math.Inf(1)
-	readings := g.poller.Readings()
+	g.kvBuf = g.poller.AppendReadings(g.kvBuf[:0])
+	readings := g.kvBuf
 	for _, r := range readings {
 		i, ok := g.byMetric[r.Endpoint]
 		if !ok || !r.OK || !r.Usable {
