@@ -34,38 +34,40 @@ type options struct {
 	projection  saturation.KVProjection
 	promptTok   float64
 	maxReplicas bool // -aggregate max
-	llmdTTL     time.Duration
-	holdback    flowcontrol.HoldbackConfig
-	format      string
-	gateways    int
-	plot        string
-	tick        time.Duration
-	burst       int
-	pacing      flowcontrol.Pacing
-	shared      time.Duration
-	sharedExact bool
-	routing     string
-	critRouting string
-	critKVRoom  float64
-	admission   bool
-	tenants     float64
-	fairness    string
-	bAlone      bool
-	longShort   bool
-	credit      bool
-	qthr, kvthr float64
-	pacingSet   bool // -pacing given: otherwise the Gateway's (see config)
-	scrape      time.Duration
-	replicas    int
-	cv          float64
-	step        vllm.StepModel
-	parallel    int
-	sweep       bool
-	fit         bool
-	sweepQPS    string
-	sweepTicks  string
-	sweepBursts string
-	quiet       bool
+	// preemptWaiting: -preempt-for-waiting, vllm.Config.PreemptForWaiting (a what-if)
+	preemptWaiting bool
+	llmdTTL        time.Duration
+	holdback       flowcontrol.HoldbackConfig
+	format         string
+	gateways       int
+	plot           string
+	tick           time.Duration
+	burst          int
+	pacing         flowcontrol.Pacing
+	shared         time.Duration
+	sharedExact    bool
+	routing        string
+	critRouting    string
+	critKVRoom     float64
+	admission      bool
+	tenants        float64
+	fairness       string
+	bAlone         bool
+	longShort      bool
+	credit         bool
+	qthr, kvthr    float64
+	pacingSet      bool // -pacing given: otherwise the Gateway's (see config)
+	scrape         time.Duration
+	replicas       int
+	cv             float64
+	step           vllm.StepModel
+	parallel       int
+	sweep          bool
+	fit            bool
+	sweepQPS       string
+	sweepTicks     string
+	sweepBursts    string
+	quiet          bool
 }
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its
@@ -96,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.seeds, "seeds", 5, "seeds per point: seed, seed+1, …, seed+seeds−1 (tables show median and min–max)")
 	fs.DurationVar(&o.timeout, "client-timeout", DefaultClientTimeout, "clients give up after this long; the request is aborted wherever it is (0 = never)")
 	fs.BoolVar(&o.backendPrio, "backend-priority", false, "replicas schedule by priority (vLLM --scheduling-policy priority) in every row")
+	fs.BoolVar(&o.preemptWaiting, "preempt-for-waiting", false, "what-if, not vLLM's behaviour: in the rows with backend priority a waiting request preempts less urgent running ones for its KV blocks (vllm.Config.PreemptForWaiting; vLLM V1 never does, vllm-project/vllm#40004)")
 	bpRows := fs.String("backend-priority-rows", strings.Join(defaultBPRows, ","),
 		"comma-separated policies also run with backend priority, as rows named <policy>+bp ('' = none; ignored with -backend-priority)")
 	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
@@ -278,6 +281,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
+	rc.PreemptForWaiting = o.preemptWaiting
 	if err := rc.Validate(); err != nil {
 		return o, fmt.Errorf("step model: %w", err)
 	}
@@ -316,6 +320,7 @@ const DefaultClientTimeout = 300 * time.Second
 func (o options) config(w workload.Workload, qps float64, policy string, seed uint64) cluster.Config {
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
+	rc.PreemptForWaiting = o.preemptWaiting
 	pacing, qthr := o.pacing, o.qthr
 	if o.credit {
 		// flowhttp.Gateway's wiring with its credit on: it re-reads the

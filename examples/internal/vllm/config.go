@@ -54,6 +54,13 @@ type Config struct {
 	// among all running ones, one already scheduled in the step included (it is
 	// unscheduled), as vLLM V1's scheduler does. False is the default FCFS policy.
 	PriorityScheduling bool
+	// PreemptForWaiting is a what-if, not vLLM's behaviour: with PriorityScheduling, a
+	// waiting request at the head of the queue whose blocks cannot be allocated
+	// preempts running requests less urgent than itself (the largest (Priority,
+	// arrival) first) until they can. vLLM V1 never preempts to admit a waiting
+	// request (vllm-project/vllm#40004, open); the simulator's -preempt-for-waiting
+	// measures what such a server would give.
+	PreemptForWaiting bool
 }
 
 // Qwen3-14B on one H100-SXM-80GB, derived in CALIBRATION.md (see examples/sim/README.md

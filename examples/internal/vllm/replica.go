@@ -299,7 +299,10 @@ func (r *Replica) unschedule(v *Request) int {
 //     request is scheduled in this step.
 //  2. If nothing was preempted, waiting requests are admitted FCFS while running <
 //     MaxNumSeqs and budget remains; a prompt longer than the budget is chunked. Admission
-//     stops at the first request whose blocks cannot be allocated.
+//     stops at the first request whose blocks cannot be allocated (with the what-if
+//     Config.PreemptForWaiting, that request first preempts the running requests less
+//     urgent than itself, largest first, until its blocks fit; after one that did,
+//     admission stops).
 func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok bool) {
 	if r.inStep {
 		return 0, dst, false
@@ -358,6 +361,25 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			q := r.waiting.front()
 			n := min(q.known()-q.computed, budget)
 			need := r.blocksFor(q.computed+n) - q.blocks
+			evicted := false // q preempted running requests for its blocks
+			if need > r.free && r.cfg.PreemptForWaiting && r.cfg.PriorityScheduling {
+				for need > r.free && len(r.running) > 0 {
+					j := r.victim()
+					v := r.running[j]
+					if !before(q, v) {
+						break // nothing running is less urgent than q
+					}
+					if t := r.unschedule(v); t > 0 {
+						budget += t
+						rebuild = true
+					}
+					r.preempt(j)
+					dst = append(dst, Event{Kind: Preempted, Req: v})
+					evicted = true
+				}
+				n = min(q.known()-q.computed, budget)
+				need = r.blocksFor(q.computed+n) - q.blocks
+			}
 			if need > r.free {
 				break
 			}
@@ -369,6 +391,18 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			b.add(q, n)
 			budget -= n
 			admitted++
+			if evicted {
+				// As after a preemption in the running pass, nothing more is
+				// admitted in this step (the victims would be re-admitted).
+				break
+			}
+		}
+	}
+	if rebuild && r.cfg.PreemptForWaiting {
+		// The waiting pass may have unscheduled a request counted in b.
+		b = Batch{}
+		for _, sc := range r.batch {
+			b.add(sc.req, sc.tokens)
 		}
 	}
 	if len(r.batch) == 0 {

@@ -456,17 +456,19 @@ func TestPriorityVictimMayBeScheduledAlready(t *testing.T) {
 	checkBlocks(t, r, true)
 }
 
-// TestPriorityPreemptionOrder: whatever the requests, priorities and limits, every
-// request a step preempts is later in the (priority, arrival) order than every request
-// still running after it (the victim is always the largest running one, scheduled in
-// the step or not), the batch holds only running requests within the token budget,
-// and the KV accounting holds; the replica still drains.
+// TestPriorityPreemptionOrder: whatever the requests, priorities and limits, with
+// PreemptForWaiting or without, every request a step preempts is later in the
+// (priority, arrival) order than every request still running after it (the victim is
+// always the largest running one, scheduled in the step or not), the batch holds only
+// running requests within the token budget, and the KV accounting holds; the replica
+// still drains.
 func TestPriorityPreemptionOrder(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		bs := rapid.IntRange(1, 16).Draw(t, "blockSize")
 		cfg := smallConfig(rapid.IntRange(4, 64).Draw(t, "blocks"), bs,
 			rapid.IntRange(1, 96).Draw(t, "budget"), rapid.IntRange(1, 8).Draw(t, "seqs"))
 		cfg.PriorityScheduling = true
+		cfg.PreemptForWaiting = rapid.Bool().Draw(t, "preemptForWaiting")
 		r, err := New(cfg)
 		require.NoError(t, err)
 		maxTokens := cfg.TotalBlocks * cfg.BlockSize
@@ -518,4 +520,51 @@ func TestPriorityPreemptionOrder(t *testing.T) {
 		}
 		require.Equal(t, cfg.TotalBlocks, r.FreeBlocks())
 	})
+}
+
+// TestPreemptForWaitingAdmitsTheUrgentRequest: a low-priority request fills the cache;
+// an urgent one arrives. vLLM (PreemptForWaiting off) leaves it waiting while the cache
+// is full; the what-if preempts the running low-priority request in the same step and
+// admits the urgent one, which never preempts a request more urgent than itself.
+func TestPreemptForWaitingAdmitsTheUrgentRequest(t *testing.T) {
+	for _, what := range []bool{false, true} {
+		cfg := smallConfig(10, 16, 8192, 8)
+		cfg.PriorityScheduling = true
+		cfg.PreemptForWaiting = what
+		r, err := New(cfg)
+		require.NoError(t, err)
+		lo := &Request{ID: 1, Input: 144, Output: 10, Priority: 1} // 9 blocks, then a 10th
+		hi := &Request{ID: 2, Input: 32, Output: 5, Priority: 0}   // 2 blocks
+		require.NoError(t, r.Add(lo))
+		_, _, ok := r.Step(nil)
+		require.True(t, ok)
+		require.Equal(t, 1, r.FreeBlocks())
+		require.NoError(t, r.Add(hi))
+		_, evs, ok := r.Begin(nil)
+		require.True(t, ok)
+		if !what {
+			require.Empty(t, evs)
+			require.Equal(t, []*Request{hi}, r.Waiting(nil), "vLLM: the urgent request waits for blocks")
+			require.Equal(t, []*Request{lo}, r.Running())
+		} else {
+			require.Equal(t, []Event{{Kind: Preempted, Req: lo}}, evs)
+			require.Equal(t, []*Request{hi}, r.Running(), "admitted in the step that preempted lo")
+			require.Equal(t, []*Request{lo}, r.Waiting(nil))
+			require.Equal(t, Batch{Requests: 1, PrefillTokens: 32, ContextTokens: 32, Admitted: 1}, r.LastBatch(), "lo's token left the batch")
+		}
+		checkBlocks(t, r, false)
+		r.Finish(nil)
+		checkBlocks(t, r, true)
+
+		// An urgent request never preempts one as urgent: a second priority-0
+		// request waits behind hi's blocks.
+		if what {
+			big := &Request{ID: 3, Input: 144, Output: 5, Priority: 0}
+			require.NoError(t, r.Add(big))
+			_, evs, _ = r.Begin(nil)
+			require.Empty(t, evs)
+			require.Contains(t, r.Waiting(nil), big)
+			r.Finish(nil)
+		}
+	}
 }
