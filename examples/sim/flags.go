@@ -34,40 +34,40 @@ type options struct {
 	projection  saturation.KVProjection
 	promptTok   float64
 	maxReplicas bool // -aggregate max
-	// preemptWaiting: -preempt-for-waiting, vllm.Config.PreemptForWaiting (a what-if)
-	preemptWaiting bool
-	llmdTTL        time.Duration
-	holdback       flowcontrol.HoldbackConfig
-	format         string
-	gateways       int
-	plot           string
-	tick           time.Duration
-	burst          int
-	pacing         flowcontrol.Pacing
-	shared         time.Duration
-	sharedExact    bool
-	routing        string
-	critRouting    string
-	critKVRoom     float64
-	admission      bool
-	tenants        float64
-	fairness       string
-	bAlone         bool
-	longShort      bool
-	credit         bool
-	qthr, kvthr    float64
-	pacingSet      bool // -pacing given: otherwise the Gateway's (see config)
-	scrape         time.Duration
-	replicas       int
-	cv             float64
-	step           vllm.StepModel
-	parallel       int
-	sweep          bool
-	fit            bool
-	sweepQPS       string
-	sweepTicks     string
-	sweepBursts    string
-	quiet          bool
+	llmdTTL     time.Duration
+	holdback    flowcontrol.HoldbackConfig
+	format      string
+	gateways    int
+	plot        string
+	tick        time.Duration
+	burst       int
+	pacing      flowcontrol.Pacing
+	shared      time.Duration
+	sharedExact bool
+	routing     string
+	critRouting string
+	critKVRoom  float64
+	admission   bool
+	tenants     float64
+	fairness    string
+	bAlone      bool
+	longShort   bool
+	credit      bool
+	qthr, kvthr float64
+	pacingSet   bool // -pacing given: otherwise the Gateway's (see config)
+	scrape      time.Duration
+	replicas    int
+	cv          float64
+	step        vllm.StepModel
+	parallel    int
+	sweep       bool
+	fit         bool
+	sweepQPS    string
+	sweepTicks  string
+	sweepBursts string
+	quiet       bool
+
+	preemptWaiting bool // -preempt-for-waiting: vllm.Config.PreemptForWaiting (a what-if)
 }
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its

@@ -349,12 +349,6 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 		budget -= n
 		i++
 	}
-	if rebuild {
-		b = Batch{}
-		for _, sc := range r.batch {
-			b.add(sc.req, sc.tokens)
-		}
-	}
 	admitted := 0
 	if !preempted {
 		for r.waiting.len() > 0 && len(r.running) < r.cfg.MaxNumSeqs && budget > 0 {
@@ -398,8 +392,9 @@ func (r *Replica) Begin(dst []Event) (step time.Duration, events []Event, ok boo
 			}
 		}
 	}
-	if rebuild && r.cfg.PreemptForWaiting {
-		// The waiting pass may have unscheduled a request counted in b.
+	if rebuild {
+		// A request counted in b was unscheduled (by the running pass's
+		// preemption, or by PreemptForWaiting's): count the batch again.
 		b = Batch{}
 		for _, sc := range r.batch {
 			b.add(sc.req, sc.tokens)
