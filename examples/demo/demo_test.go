@@ -63,7 +63,22 @@ func TestEndToEndOverload(t *testing.T) {
 	// (soft-reflective's critical p99 1169 ms, p50 twice its usual; the
 	// backends and the proxy share this starved process). Lags over 2 %
 	// came in 1 of 9 runs of the whole suite and 2 of 16 of the package.
-	const maxLost = BusyLost
+	//
+	// The backends catch up after a short wait for a CPU, the proxy and the
+	// client do not: beside a spinning loop per core, within the whole
+	// suite, the process waited 13–21 % of each phase for a CPU (backends
+	// 0–0.8 % behind) and the drop was −39 % and −43 % in 2 of 7 runs
+	// (−64 % to −69 % in the others). A phase that waited more than
+	// BusyStalled is repeated the same way (alone beside the hog: 3–5.5 %,
+	// judged, −68 % to −70 % in 4 runs).
+	busy := func(rs []*PhaseResult) bool {
+		for _, r := range rs {
+			if r.Lost > BusyLost || r.Stalled > BusyStalled {
+				return true
+			}
+		}
+		return false
+	}
 	for attempt := 1; ; attempt++ {
 		results, err := RunDemo(context.Background(), spec)
 		require.NoError(t, err)
@@ -80,10 +95,10 @@ func TestEndToEndOverload(t *testing.T) {
 			// comparison measures the race detector.
 			t.Skip("latency claim not judged under -race (the proxy runs instrumented); counts checked")
 		}
-		if results[0].Lost > maxLost || results[1].Lost > maxLost {
+		if busy(results) {
 			if attempt == 3 {
-				t.Skipf("backends fell %.0f %% / %.0f %% behind real time in every attempt: machine too busy to judge latency",
-					100*results[0].Lost, 100*results[1].Lost)
+				t.Skipf("backends fell %.0f %% / %.0f %% behind real time, the process waited %.0f %% / %.0f %% for a CPU: machine too busy to judge latency in every attempt",
+					100*results[0].Lost, 100*results[1].Lost, 100*results[0].Stalled, 100*results[1].Stalled)
 			}
 			continue
 		}
