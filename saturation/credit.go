@@ -153,11 +153,22 @@ func (s Scorer) creditHinge(r Reading) (t, slope float64) {
 type poolSnap struct {
 	sum    float64 // Σ base over the counted pods with a finite score
 	n, inf int     // pods counted; of them, pods scoring +Inf
+	// The released credit's hinge (Scorer.PoolReleased): Σ T_i over the
+	// usable pods with a finite score, and the pool score of one released
+	// request beyond it (their mean slope over n). slope 0: none.
+	sumT, slope float64
 }
 
 // liveCredit is the lock-free side of the poller.
 type liveCredit struct {
-	excess     atomic.Int64 // Σ c_i(f_i) over the pods, in units of 2^−24 score
+	excess atomic.Int64 // Σ c_i(f_i) over the pods, in units of 2^−24 score
+	// over is Σ max(0, f_i − T_i) over the pods with a hinge, in units of
+	// 2^−24 request: with sumT it is Σ max(f_i, T_i), what the pods
+	// already account for of the requests released to the pool.
+	over atomic.Int64
+	// released counts requests released to the pool and not yet done
+	// (Inc, Dec), endpoint unknown.
+	released   atomic.Int64
 	snap       atomic.Pointer[poolSnap]
 	byEndpoint atomic.Pointer[map[string]*credit]
 	seq        atomic.Uint64
@@ -178,7 +189,40 @@ func (l *liveCredit) saturation() float64 {
 	// Both terms are clamped at 0: the running sum may drift a hair below
 	// it, and a completion's share of the excess may land a moment before
 	// its dispatch's.
-	return (max(s.sum, 0) + float64(max(l.excess.Load(), 0))*creditScale) / float64(s.n)
+	v := (max(s.sum, 0) + float64(max(l.excess.Load(), 0))*creditScale) / float64(s.n)
+	if s.slope > 0 {
+		if u := float64(l.released.Load()); u > s.sumT {
+			if e := u - s.sumT - float64(max(l.over.Load(), 0))*creditScale; e > 0 {
+				v += e * s.slope
+			}
+		}
+	}
+	return v
+}
+
+// overUnits is max(0, f − t) in units of 2^−24 request, rounded and held
+// at maxPodCredit, as excess is: a pure function of (f, t).
+func (h *creditHinge) overUnits(f uint64) int64 {
+	x := float64(f)
+	if !(x > h.t) {
+		return 0
+	}
+	v := (x - h.t) * creditUnit
+	if !(v < maxPodCredit) {
+		return maxPodCredit
+	}
+	return int64(v + 0.5)
+}
+
+// move adds the change of a pod's credit and of its count beyond its
+// hinge between two (count, hinge) states.
+func (l *liveCredit) move(from, to *creditHinge, f, g uint64) {
+	if d := to.excess(g) - from.excess(f); d != 0 {
+		l.excess.Add(d)
+	}
+	if d := to.overUnits(g) - from.overUnits(f); d != 0 {
+		l.over.Add(d)
+	}
 }
 
 // inc counts one more request in flight on c (false: the count is at its
@@ -196,9 +240,7 @@ func (l *liveCredit) inc(c *credit) bool {
 			continue // a newer hinge is published: w is out of date
 		}
 		if c.word.CompareAndSwap(w, w+1<<creditCountShift) {
-			if d := h.excess(f+1) - h.excess(f); d != 0 {
-				l.excess.Add(d)
-			}
+			l.move(h, h, f, f+1)
 			return true
 		}
 	}
@@ -219,9 +261,7 @@ func (l *liveCredit) dec(c *credit) bool {
 			continue
 		}
 		if c.word.CompareAndSwap(w, w-1<<creditCountShift) {
-			if d := h.excess(f-1) - h.excess(f); d != 0 {
-				l.excess.Add(d)
-			}
+			l.move(h, h, f, f-1)
 			return true
 		}
 	}
@@ -246,12 +286,35 @@ func (l *liveCredit) setHinge(c *credit, t, slope float64) {
 	for {
 		f := w >> creditCountShift
 		if c.word.CompareAndSwap(w, f<<creditCountShift|g) {
-			if d := h.excess(f) - old.excess(f); d != 0 {
-				l.excess.Add(d)
-			}
+			l.move(old, h, f, f)
 			return
 		}
 		w = c.word.Load() // a dispatch or completion moved the count
+	}
+}
+
+// Inc records one request released to the pool whose endpoint the poller
+// is not told: flowcontrol.Controller calls it at each release when the
+// poller is its Source (and Dec at its done), so the saturation moves before
+// any scrape can show the request. Such requests beyond what the pods
+// already account for (their counts, or their Dispatched requests) count as
+// waiting requests on an average usable pod: Scorer.PoolReleased, exact up
+// to 2^−25 of a request per pod times that weight. Lock-free,
+// allocation-free.
+func (p *Poller) Inc() { p.live.released.Add(1) }
+
+// Dec records that a request Inc counted is done. A Dec without its Inc is
+// ignored and counted in Unbalanced.
+func (p *Poller) Dec() {
+	for {
+		v := p.live.released.Load()
+		if v <= 0 {
+			p.live.unbalanced.Add(1)
+			return
+		}
+		if p.live.released.CompareAndSwap(v, v-1) {
+			return
+		}
 	}
 }
 

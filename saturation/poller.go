@@ -205,6 +205,10 @@ type pod struct {
 	lastResult time.Time
 	cr         *credit // live in-flight count and credit threshold
 	peers      int64   // PeerInFlight at the pod's last scoring
+	// relT and relM are the pod's share of the released credit's hinge
+	// (its T and slope); relM 0: the pod does not count (not usable, or
+	// scoring +Inf).
+	relT, relM float64
 	stop       context.CancelFunc
 	// pendingSince is the start of the Poll round whose scrape of the pod
 	// is still to come (zero: none); under Run the due time follows from
@@ -275,8 +279,12 @@ type Poller struct {
 	// poisons the sum with Inf − Inf nor is lost.
 	sum    float64
 	n, inf int
-	usable int       // pods Usable at their last scoring
-	run    *runState // non-nil while Run runs
+	usable int // pods Usable at their last scoring
+	// Σ relT, Σ relM and their count over the counted pods (the released
+	// credit's hinge, see Inc).
+	relT, relM float64
+	relK       int
+	run        *runState // non-nil while Run runs
 	// stopped: Run has returned (or Close stopped a Start) and no Poll
 	// has run since: the pool reads 1 whatever is rescored.
 	stopped   bool
@@ -536,6 +544,13 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	pd.Owed = now.Sub(at)
 	pd.Score = p.scorer.Pod(pd.Reading, at)
 	pd.Usable = p.scorer.Usable(pd.Reading, at)
+	pd.relT, pd.relM = 0, 0
+	if pd.Usable && !math.IsInf(pd.Score, 1) {
+		// The released credit's share (Scorer.PoolReleased), net of
+		// the peers' requests as the pod's own hinge is.
+		pd.relT, pd.relM = p.scorer.releaseShare(pd.Reading)
+		pd.relT = max(0, pd.relT-float64(pd.peers))
+	}
 	t, slope := noCredit.t, noCredit.slope
 	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
 		// credit = m·max(0, own + peers − T) = m·max(0, own − (T − peers)),
@@ -605,6 +620,11 @@ func (p *Poller) countLocked(pd *pod, sign int) {
 		return
 	}
 	p.sum += float64(sign) * pd.Score
+	if pd.relM > 0 {
+		p.relT += float64(sign) * pd.relT
+		p.relM += float64(sign) * pd.relM
+		p.relK += sign
+	}
 }
 
 // bigScore is the finite pod score above which a result re-sums the pool
@@ -615,6 +635,7 @@ const bigScore = 1 << 20
 // resumLocked recomputes the running sum from the pods' current scores.
 func (p *Poller) resumLocked() {
 	p.sum, p.n, p.inf, p.usable = 0, 0, 0, 0
+	p.relT, p.relM, p.relK = 0, 0, 0
 	for _, pd := range p.order {
 		p.countLocked(pd, 1)
 	}
@@ -629,7 +650,12 @@ func (p *Poller) publishLocked() {
 		p.live.snap.Store(stoppedSnap)
 		return
 	}
-	p.live.snap.Store(&poolSnap{sum: p.sum, n: p.n, inf: p.inf})
+	snap := &poolSnap{sum: p.sum, n: p.n, inf: p.inf}
+	if p.relK > 0 && p.n > 0 {
+		snap.sumT = max(p.relT, 0)
+		snap.slope = max(p.relM, 0) / float64(p.relK) / float64(p.n)
+	}
+	p.live.snap.Store(snap)
 }
 
 type scrapeResult struct {

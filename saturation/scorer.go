@@ -291,6 +291,77 @@ func (s Scorer) Pool(rs []Reading, now time.Time) float64 {
 	return mean
 }
 
+// PoolReleased is Pool plus the credit of requests a gateway has released
+// to the pool without naming their endpoint: of released requests in flight
+// (released and not yet done), those beyond what the fresh pods' counts
+// already show (Σ T_i, each pod's credit threshold, as with
+// InFlightCredit) count as waiting requests on an average fresh pod. Why:
+// a request is released before any scrape can show it, so without this a
+// gate releases a scrape interval's worth of requests before the reading
+// moves. InFlightCredit, which credits each pod its own requests, is the
+// exact form for a host that knows where each request went; PoolReleased
+// is for one that does not (a plain flowcontrol.Controller).
+func (s Scorer) PoolReleased(rs []Reading, now time.Time, released int64) float64 {
+	mean, _ := s.pool(rs, now)
+	t, slope := s.releaseHinge(rs, now)
+	if x := float64(released); x > t && slope > 0 {
+		mean += (x - t) * slope
+	}
+	return mean
+}
+
+// releaseHinge returns PoolReleased's hinge: the count beyond which a
+// released request raises the pool mean, Σ T_i (Σ max(InFlight_i, T_i)
+// with InFlightCredit: a pod's own requests are accounted for by its
+// credit), and by how much (the fresh pods' mean credit slope over the
+// pods the mean counts). The count is +Inf when no pod is fresh with a
+// finite score.
+func (s Scorer) releaseHinge(rs []Reading, now time.Time) (t, slope float64) {
+	s = s.withDefaults()
+	own := s.InFlightCredit
+	s.InFlightCredit = false
+	sumT, sumM, k, n := 0.0, 0.0, 0, 0
+	for i := range rs {
+		r := &rs[i]
+		if !s.fresh(*r, now) {
+			if !s.IgnoreStale {
+				n++
+			}
+			continue
+		}
+		n++
+		if math.IsInf(s.score(*r), 1) {
+			continue
+		}
+		ti, mi := s.releaseShare(*r)
+		if mi == 0 {
+			continue
+		}
+		if own && r.InFlight > 0 {
+			ti = min(max(ti, float64(r.InFlight)), bigScore)
+		}
+		sumT += ti
+		sumM += mi
+		k++
+	}
+	if k == 0 {
+		return math.Inf(1), 0
+	}
+	return sumT, sumM / float64(k) / float64(n)
+}
+
+// releaseShare is one fresh pod's share of PoolReleased's hinge: its credit
+// threshold T and slope m, each held at 2^20 (a pod that absorbs more
+// requests, or one request that weighs more, is beyond any real count) so
+// that the poller's running sums stay exact; m 0 when the pod has no hinge.
+func (s Scorer) releaseShare(r Reading) (t, m float64) {
+	t, m = s.creditHinge(r)
+	if math.IsNaN(t) || !(m > 0) {
+		return 0, 0
+	}
+	return min(t, bigScore), min(m, bigScore)
+}
+
 // PoolMax returns the largest Pod over rs at time now, with Pool's rules for
 // failed pods and empty pools: the most saturated pod, which an idle pod
 // cannot average away. The Poller scores the mean (Pool); PoolMax is for a
