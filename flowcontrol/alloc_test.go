@@ -59,7 +59,7 @@ func TestHotPathAllocFree(t *testing.T) {
 		sat.Set([]float64{0.2, 0.7, 0.95, math.NaN(), 1.5}[i%5])
 		d.Step()
 		_ = d.Enqueue(0, i)
-		d.Poll()
+		d.Flush()
 		if err := d.Enqueue(9, i); !errors.Is(err, flowcontrol.ErrUnknownBand) {
 			t.Fatal(err)
 		}

@@ -46,14 +46,14 @@ type lateRig struct {
 
 // newLateRig builds the rig; src makes its saturation source from the
 // rig's count of releases.
-func newLateRig(t fataler, src func(released *atomic.Int64) SaturationSource, burst int, pacing Pacing, backlog int) *lateRig {
+func newLateRig(t fataler, src func(released *atomic.Int64) SaturationSource, burst int, backlog int) *lateRig {
 	r := &lateRig{}
 	r.clock.Store(1e9)
 	d, err := NewDispatcher(DispatcherConfig[int]{
 		Config: Config{
 			Bands: []BandConfig{{Capacity: 4}, {Capacity: backlog}}, Source: src(&r.released),
-			Burst: burst, Pacing: pacing,
-			Now: func() time.Time { return time.Unix(0, r.clock.Load()) },
+			Burst: burst,
+			Now:   func() time.Time { return time.Unix(0, r.clock.Load()) },
 		},
 		Dispatch: func(band, item int) {
 			if band == 1 {
@@ -103,11 +103,11 @@ func (r *lateRig) fireLate(t fataler, lateTicks, frac int64) time.Duration {
 // ticks at Every 3.
 func TestLateTimerCreditsMissedTicks(t *testing.T) {
 	n := catchUpTicks(DefaultTick)
-	if n != int64(CatchUp/DefaultTick) {
-		t.Fatalf("catchUpTicks(%v) = %d, want %d", DefaultTick, n, CatchUp/DefaultTick)
+	if n != int64(catchUp/DefaultTick) {
+		t.Fatalf("catchUpTicks(%v) = %d, want %d", DefaultTick, n, catchUp/DefaultTick)
 	}
 	for _, late := range []int64{0, 1, 2, 3, 10, 50, n - 1, n, n + 1, n + 2, 3 * n, 1000 * n} {
-		r := newLateRig(t, constSat(0.75), 1, Pacing{}, 4096) // band 1 at Every 3
+		r := newLateRig(t, constSat(0.75), 1, 4096) // band 1 at Every 3
 		r.fireLate(t, late, int64(DefaultTick)/2)
 		// The start's tick, the due one, and min(late, n) made up.
 		want := 1 + 1 + min(late, n)
@@ -142,7 +142,7 @@ func TestCatchUpReadsTheGate(t *testing.T) {
 	// blocked at 1.0 after 5 releases.
 	r := newLateRig(t, func(rel *atomic.Int64) SaturationSource {
 		return creditSat{base: 0.75, step: 0.05, released: rel}
-	}, 1, Pacing{}, 4096)
+	}, 1, 4096)
 	r.fireLate(t, catchUpTicks(DefaultTick), 0) // the whole bound
 	if got := r.released.Load(); got != 5 {
 		t.Fatalf("catch-up of %d ticks with a source counting releases released %d, want 5 (the gate blocks at saturation 1.0)", catchUpTicks(DefaultTick), got)
@@ -168,7 +168,6 @@ func TestLateTimerCatchUpModel(t *testing.T) {
 		burst := rapid.IntRange(1, 4).Draw(t, "burst")
 		sat := rapid.SampledFrom([]float64{0.6, 0.75, 0.9}).Draw(t, "saturation")
 		credit := rapid.Bool().Draw(t, "credit") // the source counts releases
-		pacing := rapid.SampledFrom([]Pacing{{}, {Floor: 3 * time.Millisecond}}).Draw(t, "pacing")
 		n := catchUpTicks(DefaultTick)
 
 		step := 0.0
@@ -176,7 +175,7 @@ func TestLateTimerCatchUpModel(t *testing.T) {
 			step = 0.01
 		}
 		src := func(rel *atomic.Int64) SaturationSource { return creditSat{base: sat, step: step, released: rel} }
-		b := newLateRig(t, src, burst, pacing, backlog)
+		b := newLateRig(t, src, burst, backlog)
 		var relA atomic.Int64
 		// The reference shares B's clock and is stepped once per
 		// credited grid point.
@@ -184,8 +183,8 @@ func TestLateTimerCatchUpModel(t *testing.T) {
 		a, err := NewDispatcher(DispatcherConfig[int]{
 			Config: Config{
 				Bands: []BandConfig{{Capacity: 4}, {Capacity: backlog}}, Source: src(&relA),
-				Burst: burst, Pacing: pacing,
-				Now: func() time.Time { return time.Unix(0, b.clock.Load()) },
+				Burst: burst,
+				Now:   func() time.Time { return time.Unix(0, b.clock.Load()) },
 			},
 			Dispatch: func(band, item int) {
 				if band == 1 {
@@ -247,7 +246,7 @@ func TestLateTimerCatchUpModel(t *testing.T) {
 				t.Fatalf("release %d: schedule item %d, reference item %d", i, b.order[i], orderA[i])
 			}
 		}
-		if !credit && pacing == (Pacing{}) && backlog > 1<<14 {
+		if !credit && backlog > 1<<14 {
 			every := int64(NewSoftReflective().Gate(1, 2, sat).Every)
 			if want := int64(burst) * (credited / every); int64(len(orderA)) != want {
 				t.Fatalf("released %d over %d credited ticks at Every %d, Burst %d: model %d", len(orderA), credited, every, burst, want)
@@ -259,10 +258,10 @@ func TestLateTimerCatchUpModel(t *testing.T) {
 // TestRunCatchesUpAfterStall drives Run itself (testing/synctest's fake
 // clock): one tick's saturation read stalls for a while, as a goroutine
 // starved of a P would, so the timer fires that much late. A stall within
-// CatchUp loses no tick and no release; a longer one loses exactly the grid
+// catchUp loses no tick and no release; a longer one loses exactly the grid
 // points beyond the bound.
 func TestRunCatchesUpAfterStall(t *testing.T) {
-	for _, stall := range []time.Duration{20 * time.Millisecond, CatchUp, 3 * CatchUp} { // within, at and beyond the bound
+	for _, stall := range []time.Duration{20 * time.Millisecond, catchUp, 3 * catchUp} { // within, at and beyond the bound
 		t.Run(stall.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var reads atomic.Int64

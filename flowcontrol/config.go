@@ -58,22 +58,28 @@ type BandConfig struct {
 	FlowIdle time.Duration
 }
 
-// Fairness and ordering names (BandConfig.Fairness, BandConfig.Ordering).
+// Names understood in configuration: fairness and ordering
+// (BandConfig.Fairness, BandConfig.Ordering), the domains and the shape of
+// llm-d's priority-holdback-policy (HoldbackConfig).
 const (
 	FairnessFCFS       = "fcfs"
 	FairnessRoundRobin = "round-robin"
 	FairnessShare      = "fair-share"
 	OrderingFCFS       = "fcfs"
 	OrderingEDF        = "edf"
-)
 
-// DefaultFlowIdle is BandConfig.FlowIdle's default. A minute is longer than
-// any sensible MaxWait and than a few metric scrape intervals (so a tenant
-// that sends every 20 s keeps its series and its fair-share history), and
-// short enough that a gateway seeing many one-off ids holds only those of
-// the last minute. Forgetting costs a returning flow nothing under
-// fair-share: an idle flow restarts at the current virtual time anyway.
-const DefaultFlowIdle = time.Minute
+	// HoldbackRank spaces the ceilings evenly by rank: band i of N gets
+	// max − i·(max−min)/(N−1), whatever the bands' priority values.
+	HoldbackRank = "rank"
+	// HoldbackValue spaces them by priority value: a band at priority p
+	// gets min + (p−pMin)/(pMax−pMin)·(max−min).
+	HoldbackValue = "value"
+	// HoldbackExplicit takes each band's ceiling from a priority → ceiling
+	// map; a band whose priority is not in it gets 0 (always blocked).
+	HoldbackExplicit = "explicit"
+	// HoldbackLinear is the only interpolation shape llm-d defines.
+	HoldbackLinear = "linear"
+)
 
 // Config holds what DispatcherConfig and ControllerConfig share. Zero values
 // of optional fields take the documented defaults.
@@ -86,11 +92,11 @@ type Config struct {
 	// Source is read, and its value passed through Sanitize, once per tick.
 	// Required.
 	Source SaturationSource
-	// Burst is how many items a gated band (Gate.Every > 1) may release
-	// when its duty cycle opens it at an opportunity (see Pacing; a Poll
-	// between opportunities spends what is left). Open bands (Every 1)
-	// have no budget. Skipped items (expired, cancelled) do not count. 0
-	// means DefaultBurst.
+	// Burst is how many items a band releases per tick while it is paced:
+	// gated by its duty cycle (Gate.Every > 1, on each tick that opens it)
+	// or open and still draining a backlog built while it was gated (see
+	// Dispatcher). Open bands without a backlog have no budget. Skipped
+	// items (expired, cancelled) do not count. 0 means DefaultBurst.
 	Burst int
 	// Tick is the period of Run's clock: 0 means DefaultTick, otherwise at
 	// least MinTick. Step-driven hosts (simulators) may ignore it.
@@ -98,67 +104,12 @@ type Config struct {
 	// Now is the clock for enqueue times and expiry. Nil means time.Now.
 	// Tests and simulators pass a virtual clock and call Step.
 	Now func() time.Time
-	// Pacing says what a dispatch opportunity is for a gated band. The
-	// zero value counts every tick, as a time.Ticker would.
-	Pacing Pacing
+	// BlockCritical lets the policy gate band 0 like every other band,
+	// llm-d's meaning of a ceiling. Unset (the default), band 0 is open
+	// whatever the policy says: a critical request is never held at the
+	// gateway while a server could start it.
+	BlockCritical bool
 }
-
-// Pacing says what counts as a dispatch opportunity: what a band's duty
-// cycle (Gate.Every) counts, and what grants a gated band (Every > 1) its
-// Burst. Open bands (Every 1) release everything on arrival whatever the
-// pacing; blocked bands (Every 0) release nothing. The zero value counts
-// ticks. Any field set replaces ticks with the events it names; several
-// add up.
-//
-// Why: scraped saturation lags (tens of milliseconds for queue depth,
-// much longer for the KV cache of long decodes), so what protects critical
-// traffic is how much a gated band releases between two readings the
-// dispatcher can actually see, not how much per unit of wall time.
-type Pacing struct {
-	// Readings counts each new saturation reading as an opportunity,
-	// when the Source is a ReadingSource.
-	Readings bool
-	// Completions counts each completion as an opportunity
-	// (Controller's done, Dispatcher.Complete), so a gated band releases
-	// as the pool frees capacity.
-	Completions bool
-	// Floor grants an opportunity every Floor (rounded up to whole ticks)
-	// even when no reading or completion comes, so a gated band is never
-	// starved. 0 means none.
-	Floor time.Duration
-	// Recheck re-reads the saturation after each release from an open
-	// band and stops the release as soon as the band's gate is no longer
-	// open. With a source that counts dispatches at once (in-flight
-	// credit), a backlog that built up while the band was gated cannot
-	// flood the pool the moment it reopens. It costs one Saturation and
-	// one Gate call per item released from a backlog.
-	Recheck bool
-}
-
-// enabled reports whether p replaces ticks with events.
-func (p Pacing) enabled() bool { return p.Readings || p.Completions || p.Floor > 0 }
-
-// Recheck does not change what an opportunity is: enabled ignores it.
-
-// ReadingSource is a SaturationSource that counts its readings: ReadingSeq
-// returns a number that grows by one with each new reading (a scrape result
-// that changed what Saturation reports, or could have), as
-// saturation.Poller's does. With
-// Pacing.Readings, the dispatcher counts each new reading as a dispatch
-// opportunity.
-type ReadingSource interface {
-	SaturationSource
-	ReadingSeq() uint64
-}
-
-// Limits on configuration.
-const (
-	// MinTick is the shortest Tick accepted: below it Run spends a large
-	// share of a core on ticks without releasing anything sooner.
-	MinTick = 100 * time.Microsecond
-	// MaxBandNameLen is the longest band name accepted, in bytes.
-	MaxBandNameLen = 64
-)
 
 // noDeadline is the due time of an item that never expires. Computed
 // deadlines saturate at it (see dueAt), so "none" is never the result of an
@@ -186,9 +137,6 @@ func (c *Config) check() ([]BandConfig, error) {
 	}
 	if c.Burst < 0 {
 		return nil, fmt.Errorf("%w: Burst must be ≥ 0 (0 = default %d), got %d", ErrInvalidConfig, DefaultBurst, c.Burst)
-	}
-	if c.Pacing.Floor < 0 {
-		return nil, fmt.Errorf("%w: Pacing.Floor must be ≥ 0 (0 = none), got %v", ErrInvalidConfig, c.Pacing.Floor)
 	}
 	if c.Tick != 0 && c.Tick < MinTick {
 		return nil, fmt.Errorf("%w: Tick must be 0 (default %v) or ≥ %v, got %v", ErrInvalidConfig, DefaultTick, MinTick, c.Tick)

@@ -21,7 +21,9 @@ type ControllerConfig struct {
 	Config
 	// InFlight, if set, is incremented when a Wait is released and
 	// decremented when its done is called (once), next to the count that
-	// InFlight() reports.
+	// InFlight() reports. Nil means the Source, when it is an
+	// InFlightCounter: a source that counts releases (saturation.Poller,
+	// saturation.InFlight) moves at once, before its next reading.
 	InFlight InFlightCounter
 	// OnOutcome, if set, is called exactly once per Wait that entered a
 	// band's queue, with the band, the outcome (nil = dispatched, or
@@ -93,7 +95,6 @@ func (t *ticket) done(gen uint64) {
 		if c.hook != nil {
 			c.hook.Dec()
 		}
-		c.d.Complete()
 		c.pool.Put(t)
 	}
 }
@@ -129,6 +130,11 @@ func noop() {}
 // ErrInvalidConfig and name the field.
 func NewController(cfg ControllerConfig) (*Controller, error) {
 	c := &Controller{hook: cfg.InFlight, onOutcome: cfg.OnOutcome, stepped: cfg.Stepped, admitter: cfg.Admitter}
+	if c.hook == nil {
+		// A source that counts releases (saturation.Poller,
+		// saturation.InFlight) is told of them without any wiring.
+		c.hook, _ = cfg.Source.(InFlightCounter)
+	}
 	c.pool.New = func() any { return &ticket{ch: make(chan struct{}, 1), c: c} }
 	d, err := newDispatcher(DispatcherConfig[*ticket]{
 		Config:   cfg.Config,
@@ -375,8 +381,8 @@ func (c *Controller) Start(ctx context.Context) <-chan error {
 // ControllerConfig.Stepped set.
 func (c *Controller) Step() { c.d.Step() }
 
-// Poll releases what the current tick still allows; see Dispatcher.Poll.
-func (c *Controller) Poll() { c.d.Poll() }
+// Flush releases what the current tick still allows; see Dispatcher.Flush.
+func (c *Controller) Flush() { c.d.Flush() }
 
 // Close stops the controller: pending and future Waits return ErrClosed and
 // Run returns. Requests already released are unaffected (their done still

@@ -3,37 +3,43 @@ package flowcontrol
 import "time"
 
 // Defaults applied by NewDispatcher and NewController to zero-valued fields.
-// Keep every default here, in one place.
-//
-// Why these: open bands release everything on arrival (no budget), so the
-// defaults only shape gated bands. examples/sim/README.md's pacing sweep ("Dispatch
-// discipline: the pacing sweep") compared tick, completion, reading and
-// floor pacing, with and without Recheck and in-flight credit, at every
-// published point over five seeds: the candidates that protect critical
-// traffic most (completion-clocked) starve sheddable traffic and lose
-// throughput where completions are rare or the pool is near its knee, so
-// the zero Pacing (ticks) stays the default, and Burst 1 — one release per
-// opening — is the burst that improved every overloaded point on both
-// calibrations without moving an under-capacity point or throughput. A
-// host that wants more protection and accepts that cost sets Pacing (see
-// the table).
+// Keep every default here, in one place. Open bands without a backlog
+// release everything on arrival, so the defaults only shape paced bands;
+// examples/sim/README.md measures them.
 const (
 	// DefaultTick is the period of the dispatcher's clock in Run: gates
 	// are re-evaluated, saturation is read and expiries are applied once
 	// per tick.
 	DefaultTick = time.Millisecond
-	// DefaultBurst is how many items a gated band (duty cycle Every > 1)
-	// may release per dispatch opportunity. Open bands have no budget.
+	// DefaultBurst is how many items a paced band (gated, or draining a
+	// backlog after reopening) releases per tick: one release per opening
+	// keeps a reopening from flooding the pool between two readings.
 	DefaultBurst = 1
 	// DefaultStaticThreshold is the threshold of the static policy when
-	// none is given (PolicyByName): 1.0, "effectively no flow control".
+	// none is given (PolicyByName): 1.0, the pool full.
 	DefaultStaticThreshold = 1.0
+	// DefaultFlow is the flow of an item enqueued without one (Enqueue,
+	// Wait, or an empty flow id), as llm-d names it.
+	DefaultFlow = "default-flow"
+	// DefaultFlowIdle is BandConfig.FlowIdle's default: longer than any
+	// sensible MaxWait and a few scrape intervals, short enough that a
+	// gateway seeing many one-off ids holds only those of the last minute.
+	DefaultFlowIdle = time.Minute
+	// DefaultHoldbackMaxCeiling is a priority-holdback maxCeiling when the
+	// configuration gives none: the highest band is held back only at full
+	// saturation.
+	DefaultHoldbackMaxCeiling = 1.0
 )
 
 // Limits on configuration and policy output.
 const (
 	// MaxBands is the largest number of bands a dispatcher accepts.
 	MaxBands = 1024
+	// MinTick is the shortest Tick accepted: below it Run spends a large
+	// share of a core on ticks without releasing anything sooner.
+	MinTick = 100 * time.Microsecond
+	// MaxBandNameLen is the longest band name accepted, in bytes.
+	MaxBandNameLen = 64
 	// MaxEvery is the largest duty cycle a policy returns and the value at
 	// which the dispatcher's per-band tick count saturates: at any
 	// practical tick, for practical purposes, blocked.

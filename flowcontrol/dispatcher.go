@@ -17,8 +17,8 @@ import (
 type DispatcherConfig[T any] struct {
 	Config
 	// Dispatch receives every released item, on the goroutine running the
-	// tick (Step, Poll or Run), in band order within a tick and FIFO within a
-	// band. It must not call Step, Poll or Close (deadlock); it may call
+	// tick (Step, Flush or Run), in band order within a tick and FIFO within a
+	// band. It must not call Step, Flush or Close (deadlock); it may call
 	// Enqueue and Stats. Required.
 	Dispatch func(band int, item T)
 	// OnDrop, if set, is told of every accepted item that is not
@@ -32,7 +32,7 @@ type DispatcherConfig[T any] struct {
 	// (an abandoned item ends with OnDrop(ErrCancelled), is counted as
 	// cancelled and never spends the band's burst, even when the
 	// dispatcher reaches it by expiry or Close), and after Abandon(band)
-	// the next tick (or Poll) sweeps the band, freeing the places of its
+	// the next tick (or Flush) sweeps the band, freeing the places of its
 	// abandoned items even while it is gated. It must be cheap and free of
 	// side effects (it may be called many times per item).
 	Abandoned func(item T) bool
@@ -56,9 +56,14 @@ type band[T any] struct {
 
 	// tick state
 	held   held[T] // items out of the ring but still queued (see held)
-	since  int     // opportunities since the band last dispatched, saturating at MaxEvery
-	budget int     // items the band may still release until the next opportunity
-	gate   int     // the gate's Every at the last tick (-1, closed, before the first)
+	since  int     // ticks since the band last dispatched, saturating at MaxEvery
+	budget int     // items the band may still release until the next tick
+	gate   int     // the effective Every at the last tick (-1, closed, before the first)
+	// guarded is set while the band's gate is not open and cleared when the
+	// band is open and empty: an open band that is still guarded is draining
+	// a backlog built while it was gated, and releases Burst per tick,
+	// re-reading its gate after each release, instead of everything at once.
+	guarded bool
 
 	// counters: written under mu with Store (single writer), read by Stats
 	dispatched atomic.Uint64
@@ -84,17 +89,34 @@ type band[T any] struct {
 // Dispatch, tick by tick, as the policy's gates allow.
 //
 // Concurrency: Enqueue is safe from any number of goroutines and never
-// blocks. Ticks (Step, Poll, Run's ticks) are serialised by a mutex: exactly
+// blocks. Ticks (Step, Flush, Run's ticks) are serialised by a mutex: exactly
 // one goroutine runs a tick at a time, so calling Step while Run is going is
 // safe but changes the tick rate. Close may be called from any goroutine
 // but not from Dispatch or OnDrop; Stats from anywhere.
 //
-// Per band the dispatcher counts the ticks since the band last dispatched
-// and opens it when the count reaches the gate's Every (not tick % Every):
-// the gap between a band's dispatching ticks is therefore never longer than
-// the largest Every seen in it, however the saturation moves. An open band
-// with nothing to send stays open (its count is not reset), so the first
-// item that arrives goes at once. Bands are gated independently.
+// The discipline, per band and tick (the same for every policy):
+//
+//   - Duty cycle. The dispatcher counts the ticks since the band last
+//     released and lets it release when the count reaches the gate's Every
+//     (not tick % Every), Burst items at a time: the gap between a band's
+//     releases is never longer than the largest Every seen in it, however
+//     the saturation moves. Every 0 blocks the band.
+//   - Open bands release on arrival. A band whose gate is open (Every 1)
+//     and that holds no backlog has no budget: what arrives goes at once.
+//   - Reopening is paced. A band that was gated or blocked and opens with
+//     items still queued releases Burst per tick, re-reading its gate after
+//     each release, until it is empty; then it releases on arrival again.
+//     Why: a scraped saturation lags the pool, so a backlog released in one
+//     tick floods the servers before any reading shows it; paced, each tick
+//     reads the saturation again (and a source that counts releases at
+//     once, an in-flight credit, closes the gate as soon as they fill the
+//     pool).
+//   - Critical is never gated. Band 0 is open whatever the policy says, so a
+//     critical item is released on arrival (or at the next Flush or tick).
+//     Config.BlockCritical lets the policy gate band 0 like any other band
+//     (llm-d's meaning, where band 0 halts at its ceiling too).
+//
+// Bands are gated independently.
 type Dispatcher[T any] struct {
 	bands    []band[T]
 	configs  []BandConfig // validated, names defaulted
@@ -128,15 +150,9 @@ type Dispatcher[T any] struct {
 	// needs Run awake) and merely never queues.
 	directed atomic.Bool
 
-	// pacing (tick state, under mu, except completions)
-	pacing         Pacing
-	paced          bool
-	readings       ReadingSource // Source, when it counts its readings and Pacing.Readings is set
-	lastReading    uint64
-	completions    atomic.Uint64
-	lastCompletion uint64
-	floorTicks     int64 // Pacing.Floor in ticks, 0 = none
-	floorCount     int64 // ticks counted toward the floor
+	// blockCritical is Config.BlockCritical: band 0 obeys the policy like
+	// every other band, without the critical floor.
+	blockCritical bool
 
 	mu         sync.Mutex // serialises ticks and Close's drain
 	ticks      atomic.Uint64
@@ -195,15 +211,7 @@ func newDispatcher[T any](cfg DispatcherConfig[T], live, gone func(T) bool) (*Di
 	}
 	d.base = d.now()
 	d.saturation.Store(0)
-	d.pacing = cfg.Pacing
-	d.paced = cfg.Pacing.enabled()
-	if rs, ok := cfg.Source.(ReadingSource); ok && cfg.Pacing.Readings {
-		d.readings = rs
-		d.lastReading = rs.ReadingSeq()
-	}
-	if cfg.Pacing.Floor > 0 {
-		d.floorTicks = int64((cfg.Pacing.Floor + d.tick - 1) / d.tick)
-	}
+	d.blockCritical = cfg.BlockCritical
 	for i, bc := range configs {
 		b := &d.bands[i]
 		b.capacity = int64(bc.Capacity)
@@ -296,17 +304,29 @@ func (d *Dispatcher[T]) wake() {
 // Step runs exactly one tick: it reads and sanitises the saturation once,
 // asks the policy for every band's gate, advances each band's tick count,
 // expires items whose deadline has passed (in gated bands too), and releases
-// up to Burst live items from each open band. Step after Close does nothing.
+// what each band may send (see Dispatcher). Step after Close does nothing.
 func (d *Dispatcher[T]) Step() { d.run(true) }
 
-// Poll releases what open bands may still send in the current tick (the
-// burst the last Step left unspent), without advancing the tick: no new
-// saturation reading, no tick counted. Run calls it when an item is
-// enqueued, so an item on an open band does not wait for the next tick;
-// simulators may call it to model that wake-up.
-func (d *Dispatcher[T]) Poll() { d.run(false) }
+// Flush releases what bands may still send in the current tick (everything
+// queued on an open band, the burst a gated band has left), without
+// advancing the tick: no new saturation reading, no tick counted. Run calls
+// it when an item is enqueued, so an item on an open band does not wait for
+// the next tick; simulators call it to model that wake-up.
+func (d *Dispatcher[T]) Flush() { d.run(false) }
 
-// run is the single tick code path shared by Step, Poll and Run.
+// gateOf is the policy's gate for band i at the sanitised saturation s, made
+// safe: Every clamped to [0, MaxEvery] (a user policy may return anything)
+// and, unless BlockCritical, band 0 open whatever the policy says.
+func (d *Dispatcher[T]) gateOf(i int, s float64) Gate {
+	g := d.policy.Gate(i, len(d.bands), s)
+	g.Every = min(max(g.Every, 0), MaxEvery)
+	if i == 0 && !d.blockCritical {
+		g.Every = 1
+	}
+	return g
+}
+
+// run is the single tick code path shared by Step, Flush and Run.
 func (d *Dispatcher[T]) run(advance bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -317,26 +337,20 @@ func (d *Dispatcher[T]) run(advance bool) {
 	if d.timed || d.flowed {
 		now = d.nowNanos()
 	}
-	n := len(d.bands)
-	// ops is the number of dispatch opportunities since the last run:
-	// a tick, or, with Pacing, the readings, completions and floor ticks
-	// the pacing counts.
-	ops := d.opportunities(advance)
 	if advance {
 		s := Sanitize(d.source.Saturation())
 		d.saturation.Store(floatBits(s))
 		d.ticks.Add(1)
 		for i := range d.bands {
 			b := &d.bands[i]
-			g := d.policy.Gate(i, n, s)
-			// A user policy may return anything: negative means
-			// blocked, above MaxEvery is MaxEvery (since saturates
-			// there, so a larger Every would never open).
-			g.Every = min(max(g.Every, 0), MaxEvery)
-			if b.gate == 1 && g.Every != 1 {
-				// Gated now: what was left of the open band's
-				// unlimited release is not carried over.
-				b.budget = 0
+			g := d.gateOf(i, s)
+			if g.Every != 1 {
+				// Gated or blocked: a backlog that builds from here
+				// is drained at Burst per tick when the band opens.
+				b.guarded = true
+				if b.gate == 1 {
+					b.budget = 0 // the open band's release is not carried over
+				}
 			}
 			b.gate = g.Every
 			b.every.Store(int64(g.Every))
@@ -354,23 +368,22 @@ func (d *Dispatcher[T]) run(advance bool) {
 	}
 	for i := range d.bands {
 		b := &d.bands[i]
-		if ops > 0 {
-			b.since = int(min(int64(b.since)+ops, MaxEvery))
+		if advance {
+			b.since = min(b.since+1, MaxEvery)
+		}
+		if b.guarded && b.gate == 1 && b.queued.Load() == 0 {
+			b.guarded = false // open and caught up: back to release on arrival
 		}
 		switch {
-		case b.gate == 1:
+		case b.gate == 1 && !b.guarded:
 			// Open bands are work-conserving: no per-tick budget.
 			b.budget = math.MaxInt
-		case ops == 0 && !advance:
-			// A Poll between opportunities spends what is left.
-		case b.gate > 1 && b.since >= b.gate:
-			// Open by its duty cycle: a fresh Burst at each
-			// opportunity; between them (a Step with nothing to
-			// count) what the last one left, or a Burst if the band
-			// was empty when it opened.
-			if ops > 0 || b.budget == 0 {
-				b.budget = d.burst
-			}
+		case !advance:
+			// A Flush between ticks spends what is left.
+		case b.gate >= 1 && b.since >= b.gate:
+			// Open by its duty cycle, or open and draining a
+			// backlog: a fresh Burst this tick.
+			b.budget = d.burst
 		default:
 			b.budget = 0
 		}
@@ -393,51 +406,6 @@ func (d *Dispatcher[T]) run(advance bool) {
 	}
 }
 
-// opportunities returns the dispatch opportunities since the last run and
-// advances the pacing's counters: one per Step when the dispatcher is not
-// paced; with Pacing, the new saturation readings and completions (on every
-// run, so a completion opens a gated band at once) and one per Floor of
-// ticks (on Step).
-func (d *Dispatcher[T]) opportunities(advance bool) int64 {
-	if !d.paced {
-		if advance {
-			return 1
-		}
-		return 0
-	}
-	var ops int64
-	if d.readings != nil {
-		seq := d.readings.ReadingSeq()
-		ops += int64(seq - d.lastReading)
-		d.lastReading = seq
-	}
-	if d.pacing.Completions {
-		c := d.completions.Load()
-		ops += int64(c - d.lastCompletion)
-		d.lastCompletion = c
-	}
-	if advance && d.floorTicks > 0 {
-		d.floorCount++
-		if d.floorCount%d.floorTicks == 0 {
-			ops++
-		}
-	}
-	return max(ops, 0)
-}
-
-// Complete tells the dispatcher that a released item has finished (its
-// request completed). With Pacing.Completions, each completion is a dispatch
-// opportunity for gated bands; otherwise it does nothing. Controller calls
-// it from done; a generic host calls it itself. Safe from any goroutine;
-// it never blocks.
-func (d *Dispatcher[T]) Complete() {
-	if !d.pacing.Completions {
-		return
-	}
-	d.completions.Add(1)
-	d.wake()
-}
-
 // credit counts k ticks on which nothing was queued, without running them:
 // on such a tick continuous ticking would only read the saturation, count
 // the tick and advance every band's tick count (no band has anything to
@@ -451,27 +419,16 @@ func (d *Dispatcher[T]) credit(k int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.ticks.Add(uint64(k))
-	ops := k
-	if d.paced {
-		// Only the floor ticks among the k were opportunities; readings
-		// and completions are counted from their sequences at the next
-		// run, whenever they happened.
-		ops = 0
-		if d.floorTicks > 0 {
-			ops = (d.floorCount+k)/d.floorTicks - d.floorCount/d.floorTicks
-			d.floorCount += k
-		}
-	}
 	for i := range d.bands {
 		b := &d.bands[i]
-		b.since = int(min(int64(b.since)+ops, MaxEvery))
-		if b.gate != 1 {
-			// After a tick on which it released nothing, a gated
+		b.since = int(min(int64(b.since)+k, MaxEvery))
+		if b.gate != 1 || b.guarded {
+			// After a tick on which it released nothing, a paced
 			// band holds a fresh Burst if its duty cycle is open
 			// and nothing otherwise (never a leftover): decide as
 			// the last of the k ticks would have.
 			b.budget = 0
-			if b.gate > 1 && b.since >= b.gate {
+			if b.gate >= 1 && b.since >= b.gate {
 				b.budget = d.burst
 			}
 		}
@@ -479,30 +436,22 @@ func (d *Dispatcher[T]) credit(k int64) {
 }
 
 // owed reports whether a made-up tick could release something: some band
-// is gated by its duty cycle (Every > 1) and holds items. Open bands
-// released everything at the tick just run (an item enqueued since has
-// nudged Run, which polls it out as soon as the catch-up returns) and
-// blocked ones release nothing, so for them, and for empty bands, a
-// further tick at the same instant is what credit does.
+// is paced (gated by its duty cycle, or open and draining a backlog) and
+// holds items. Unguarded open bands released everything at the tick just
+// run (an item enqueued since has nudged Run, which flushes it as soon as
+// the catch-up returns) and blocked ones release nothing, so for them, and
+// for empty bands, a further tick at the same instant is what credit does.
 func (d *Dispatcher[T]) owed() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for i := range d.bands {
 		b := &d.bands[i]
-		if b.gate > 1 && b.queued.Load() > 0 {
+		if (b.gate > 1 || b.gate == 1 && b.guarded) && b.queued.Load() > 0 {
 			return true
 		}
 	}
 	return false
 }
-
-// Skip counts k ticks without running them, for hosts that drive Step on
-// virtual time and skip the ticks on which nothing can change: tick counts,
-// duty cycles and Pacing's floor advance exactly as k Steps would have
-// advanced them, provided that on those ticks no band could release,
-// expire or reap anything (every band empty or blocked, the saturation and
-// so the gates unchanged). Run does the same when it wakes from idle.
-func (d *Dispatcher[T]) Skip(k int64) { d.credit(k) }
 
 // empty reports whether no band holds anything, nor owes a sweep.
 func (d *Dispatcher[T]) empty() bool {
@@ -517,7 +466,7 @@ func (d *Dispatcher[T]) empty() bool {
 
 // Abandon tells the dispatcher that an item queued on band has been given up
 // by its owner (DispatcherConfig.Abandoned now reports it). The next tick or
-// Poll removes the band's abandoned items, so their places are free for new
+// Flush removes the band's abandoned items, so their places are free for new
 // items even while the band is gated; Run polls at once. Without an
 // Abandoned hook, or for an unknown band, it does nothing. Safe from any
 // goroutine; it never blocks.
@@ -627,25 +576,18 @@ func (d *Dispatcher[T]) release(i int, b *band[T], now int64) {
 		// Count before Dispatch wakes the owner (see drop).
 		bump(&b.dispatched)
 		d.dispatch(i, e.item)
-		d.recheck(i, b)
+		if b.gate == 1 && b.guarded && b.budget > 0 {
+			d.regate(i, b)
+		}
 	}
 }
 
-// recheck, with Pacing.Recheck, re-reads the gate of an open band after a
-// release: an open band drains its backlog only while it stays open, so a
-// source that counts dispatches at once (the in-flight credit) closes it
-// before the backlog floods the pool between two scrapes.
-// It is split in two so that this part, the test on the hot path, inlines.
-func (d *Dispatcher[T]) recheck(i int, b *band[T]) {
-	if b.gate == 1 && d.pacing.Recheck && b.budget > 0 {
-		d.regate(i, b)
-	}
-}
-
-// regate is recheck's reading of the gate.
+// regate re-reads the gate of a band draining a backlog after one of its
+// releases (with a Burst above 1): a source that counts releases at once
+// (an in-flight credit) closes the band before the rest of the tick's
+// Burst goes, as a fresh tick would have.
 func (d *Dispatcher[T]) regate(i int, b *band[T]) {
-	g := d.policy.Gate(i, len(d.bands), Sanitize(d.source.Saturation()))
-	g.Every = min(max(g.Every, 0), MaxEvery)
+	g := d.gateOf(i, Sanitize(d.source.Saturation()))
 	if g.Every != 1 {
 		b.gate, b.budget = g.Every, 0
 		b.every.Store(int64(g.Every))
@@ -654,7 +596,7 @@ func (d *Dispatcher[T]) regate(i int, b *band[T]) {
 }
 
 // Run ticks at once and then every Tick on the real clock and, between
-// ticks, calls Poll as soon as an item is enqueued, until ctx ends (it
+// ticks, calls Flush as soon as an item is enqueued, until ctx ends (it
 // returns ctx.Err()) or the dispatcher is closed (it returns ErrClosed).
 // Items still queued when ctx ends stay queued. Only one Run may be going at
 // a time; a second returns ErrRunning.
@@ -672,7 +614,7 @@ func (d *Dispatcher[T]) regate(i int, b *band[T]) {
 // through the idle stretch would have given.
 //
 // Late timers lose nothing: a timer that fires late (a busy process or
-// host) runs the ticks it missed, up to CatchUp of them, so a gated band's
+// host) runs the ticks it missed, up to catchUp of them, so a gated band's
 // rate does not depend on CPU contention.
 func (d *Dispatcher[T]) Run(ctx context.Context) error {
 	if err := d.begin(); err != nil {
@@ -737,52 +679,33 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 	return d.tick
 }
 
-// CatchUp bounds how late a tick Run still makes up. A timer that fires
-// late (its goroutine waited for a P behind CPU-bound goroutines of the
-// process, up to a preemption slice of 10 ms each, or for a core of a busy
-// host) finds k grid points passed since the last tick it ran; Run then
-// runs the due tick plus the missed ones, at most CatchUp of them (rounded
-// up to whole ticks, at least one), back to back. So a gated band's rate,
-// Burst/(Tick·Every), is what the gate asks for however busy the process
-// is, instead of falling with the timer's lateness (a band at Every 3 on a
-// 1 ms tick released 5–13/s instead of 333/s beside one spinning goroutine
-// per P when late ticks were dropped).
+// catchUp bounds how late a tick Run still makes up. A timer that fires
+// late (a busy process or host, a container throttled by its CPU quota)
+// finds k grid points passed since the last tick it ran; Run then runs the
+// due tick plus the missed ones, at most catchUp of them (in whole ticks, at
+// least one), back to back, so a gated band's rate, Burst/(Tick·Every), does
+// not fall with the timer's lateness.
 //
 // Why bounded: the missed ticks run at one instant, so what a gated band
-// releases at once grows with the catch-up, up to Burst·CatchUp/(Tick·Every)
-// (67 items at the defaults and Every 3). Each made-up tick is a full tick
-// — it reads the saturation and asks the policy again, and Pacing.Recheck
-// still closes an open band after each release — so a source that counts
-// dispatches at once (the in-flight credit) closes the gate during the
-// catch-up as it would have between punctual ticks; a scraped source does
-// not move within it, but its readings were no fresher during the stall
-// (the poller's goroutines starve with Run's). A stall longer than CatchUp
-// (a stopped process, a host that took the cores away for longer) is an
-// outage, not contention: its remaining grid points are dropped, as a
-// time.Ticker drops ticks, and not counted in Stats.Ticks, so an outage
-// does not end in a flood. With Pacing, ticks are not what open a gated
-// band (readings and completions are counted whenever they came); only the
-// Floor's ticks are made up. Step-driven hosts are unaffected.
-//
-// Why 200 ms: it is the lateness a busy host really produces. On the
-// 2-core development machine at load 25, a 1 ms timer in a process with one
-// spinning goroutine per P fired 33–56 ms apart at the median and up to
-// 242 ms apart (five runs of 3 s); at load 23–26 the sheddable band's rate
-// beside the hog (BenchmarkGatedRate) was 0.79–0.94 of nominal with a 50 ms
-// bound, 0.93–0.99 with 100 ms and 0.996–1.0 with 200 ms (0.55–0.85,
-// 0.84–1.0 and 0.99–1.0 with callers spinning on the open band). It also covers a container throttled by its
-// CPU quota, which stalls for up to one CFS period (100 ms by default).
-const CatchUp = 200 * time.Millisecond
+// releases at once grows with the catch-up. Each made-up tick is a full tick
+// (it reads the saturation and asks the policy again), so a source that
+// counts releases at once closes the gate during the catch-up as between
+// punctual ticks. A longer stall is an outage, not contention: its remaining
+// grid points are dropped, as a time.Ticker drops ticks, so an outage does
+// not end in a flood. 200 ms covers the lateness measured on a busy 2-core
+// host and one CFS period (see BenchmarkGatedRate). Step-driven hosts are
+// unaffected.
+const catchUp = 200 * time.Millisecond
 
 // catchUpTicks is the number of missed grid points a late timer makes up
-// at a given tick: CatchUp in whole ticks, rounded up, at least one.
+// at a given tick: catchUp in whole ticks, rounded up, at least one.
 func catchUpTicks(tick time.Duration) int64 {
-	return max(1, int64((CatchUp+tick-1)/tick))
+	return max(1, int64((catchUp+tick-1)/tick))
 }
 
 // fire handles the timer: it runs the due tick and, when the timer fired
 // late, the grid points it missed, up to catchUpTicks of them (see
-// CatchUp; the rest are skipped, as a time.Ticker drops ticks), and
+// catchUp; the rest are skipped, as a time.Ticker drops ticks), and
 // returns the wait until the next one, or false to sleep because every
 // band is empty.
 func (s *schedule[T]) fire() (time.Duration, bool) {
@@ -825,7 +748,7 @@ func (s *schedule[T]) fire() (time.Duration, bool) {
 func (s *schedule[T]) nudge() (time.Duration, bool) {
 	d := s.d
 	if !s.asleep {
-		d.Poll()
+		d.Flush()
 		return 0, false
 	}
 	s.asleep = false
@@ -837,7 +760,7 @@ func (s *schedule[T]) nudge() (time.Duration, bool) {
 		s.last += k * tick
 		d.Step()
 	} else {
-		d.Poll()
+		d.Flush()
 	}
 	return time.Duration(s.last + tick - now), true
 }

@@ -311,7 +311,7 @@ func TestPollUsesRemainingBurst(t *testing.T) {
 	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(2, 16), Burst: 2, Source: sat}}, &r)
 	d.Step() // tick 1: band 1 closed (count 1 < 2)
 	_ = d.Enqueue(1, 1)
-	d.Poll()
+	d.Flush()
 	if got := r.take(); len(got) != 0 {
 		t.Fatalf("Poll on a closed band dispatched %v", got)
 	}
@@ -321,7 +321,7 @@ func TestPollUsesRemainingBurst(t *testing.T) {
 	}
 	_ = d.Enqueue(1, 2)
 	_ = d.Enqueue(1, 3)
-	d.Poll()
+	d.Flush()
 	if got := r.take(); fmt.Sprint(got) != fmt.Sprint([]event{{1, 2, nil}}) {
 		t.Fatalf("Poll after tick 2: %v", got)
 	}
@@ -335,7 +335,7 @@ func TestPollUsesRemainingBurst(t *testing.T) {
 	}
 	// Critical is unaffected by Poll limits: it has a fresh burst every tick.
 	_ = d.Enqueue(0, 7)
-	d.Poll()
+	d.Flush()
 	if got := r.take(); fmt.Sprint(got) != fmt.Sprint([]event{{0, 7, nil}}) {
 		t.Fatalf("critical Poll: %v", got)
 	}

@@ -13,36 +13,41 @@
 // every band's Gate.
 //
 // A Gate says how often the band may release: Every 1 means on every tick,
-// Every n on one tick in n, 0 blocked. The dispatcher counts, per band, the
-// ticks since the band last released and opens it when that count reaches
-// Every (not tick % Every), so a band's longest gap is bounded by the
-// largest Every it saw however the saturation moves. A gated band that opens
-// releases up to Burst items, FIFO. Between ticks, an Enqueue wakes the
-// dispatcher at once, so an item on an open band does not wait for the next
-// tick. With every band empty the dispatcher
-// sleeps, and on waking credits the ticks it slept through: idle costs no
-// CPU and changes no count. A timer that fires late runs the ticks it
-// missed, up to CatchUp, so rates hold on a busy machine.
-//
-// What counts as an opportunity for a gated band is the Pacing: ticks by
-// default, or new saturation readings, completions and a time floor. An open
-// band (Every 1) has no budget at all: everything queued on it goes, and a
-// Controller.Wait on an open, empty band is released in the caller's
-// goroutine.
-//
-// The policies are pure functions of (band, bands, saturation): Static
-// (one threshold for every band: lower bands blocked at it and band 0 paced
-// there, never blocked; every band paced just below it so that a reopening
-// does not release the whole backlog at once, open further below;
-// StaticConfig.BlockCritical blocks band 0 at the threshold too, llm-d's
-// meaning), SoftReflective (band 0 never gated; band i's ceiling
-// 1 − i·s/(N−1), a duty cycle of round(s/ceiling) below it, blocked at 0)
+// Every n on one tick in n, 0 blocked. The policies are pure functions of
+// (band, bands, saturation): Static (a constant ceiling, every band open
+// below one threshold and blocked at it), SoftReflective (band i's ceiling
+// 1 − i·s/(N−1), a duty cycle of round(s/ceiling) above it, blocked at 0)
 // and PriorityHoldback (llm-d's priority-holdback-policy: a fixed ceiling
-// per band, by rank, priority value or an explicit map, each gated as
-// Static's threshold is). Their maths lives in policy.go and holdback.go;
-// the tick loop in dispatcher.go. llm-d's own discipline — one item per cycle, strict
-// priority, halting at the first gated band — is reproduced, for comparison
-// only, in package flowcontrol/llmd, which imports this one.
+// per band, by rank, priority value or an explicit map). A user's
+// PolicyFunc is as safe as they are: safety is the dispatcher's.
+//
+// # The discipline
+//
+// The dispatcher applies one discipline to every policy (see Dispatcher):
+//
+//   - a band's duty cycle counts the ticks since it last released and opens
+//     it when the count reaches Every (not tick % Every), so its longest gap
+//     is bounded by the largest Every it saw however the saturation moves;
+//     a gated band releases up to Burst items, FIFO, when it opens;
+//   - an open band without a backlog has no budget: everything queued goes,
+//     and a Controller.Wait on an open, empty band is released in the
+//     caller's goroutine;
+//   - a band that reopens with a backlog releases Burst per tick, re-reading
+//     its gate after each release, until it is empty: scraped saturation
+//     lags, so a backlog released at once would flood the servers before any
+//     reading showed it;
+//   - band 0 is never gated, whatever the policy says, unless
+//     Config.BlockCritical (llm-d's meaning).
+//
+// Between ticks, an Enqueue wakes the dispatcher at once, so an item on an
+// open band does not wait for the next tick. With every band empty the
+// dispatcher sleeps, and on waking credits the ticks it slept through: idle
+// costs no CPU and changes no count. A timer that fires late runs the ticks
+// it missed (a bounded number), so rates hold on a busy machine.
+//
+// llm-d's own discipline (one item per cycle, strict priority, halting at
+// the first gated band) is reproduced, for comparison only, in package
+// flowcontrol/llmd.
 //
 // # Outcomes
 //
@@ -102,8 +107,8 @@
 // # Concurrency
 //
 // Enqueue and Wait are safe from any number of goroutines. Ticks (Step,
-// Poll, Run) are serialised; Dispatch, OnDrop and OnOutcome run on the
-// ticking goroutine and must not call Step, Poll or Close. Stats may be
+// Flush, Run) are serialised; Dispatch, OnDrop and OnOutcome run on the
+// ticking goroutine and must not call Step, Flush or Close. Stats may be
 // read at any time; its counters are exact whenever nothing is in progress.
 // The hot path allocates nothing in steady state (a released Wait
 // allocates its done func).

@@ -1,6 +1,9 @@
 package flowcontrol
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Callers branch on them with errors.Is; the errors returned
 // may wrap them with detail (the configuration field, the context's error).
@@ -34,4 +37,9 @@ var (
 	ErrShed = errors.New("flowcontrol: shed")
 	// ErrRunning is returned by Run when another Run is already going.
 	ErrRunning = errors.New("flowcontrol: already running")
+	// ErrFlowFull is returned by EnqueueFlow and Controller.WaitRequest
+	// when the item's flow already holds its band's FlowCapacity items. It
+	// wraps ErrQueueFull, so a host mapping ErrQueueFull to 429 needs no
+	// change; it is counted in BandStats.FlowFull, not BandStats.Rejected.
+	ErrFlowFull = fmt.Errorf("%w: the flow holds its FlowCapacity", ErrQueueFull)
 )

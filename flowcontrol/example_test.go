@@ -60,7 +60,7 @@ func ExampleNewSoftReflective() {
 	// s=0.75 critical every 1 | sheddable ceiling 0.25 every 3 blocked 66.7%
 	// s=0.90 critical every 1 | sheddable ceiling 0.10 every 9 blocked 88.9%
 	// s=1.00 critical every 1 | sheddable ceiling 0.00 every 0 blocked 100.0%
-	// s=1.50 critical every 1 | sheddable ceiling 0.00 every 0 blocked 100.0%
+	// s=1.50 critical every 2 | sheddable ceiling 0.00 every 0 blocked 100.0%
 }
 
 // A proxy handler waits for its band's turn, then holds an in-flight slot
@@ -105,11 +105,9 @@ func ExamplePolicyByName() {
 	if err != nil {
 		panic(err)
 	}
-	// Open well below the threshold, paced just below it (band 0 at
-	// most Every 2, band 1 slower); at it band 1 is blocked and band 0
-	// keeps Every 2 (flowgate's static never blocks critical traffic;
-	// StaticConfig.BlockCritical does, as llm-d's does).
-	fmt.Println(p.Gate(0, 2, 0.3).Every, p.Gate(0, 2, 0.7).Every, p.Gate(1, 2, 0.7).Every,
-		p.Gate(0, 2, 0.8).Every, p.Gate(1, 2, 0.8).Every)
-	// Output: 1 2 14 2 0
+	// A constant ceiling: every band open below the threshold, blocked at
+	// it. (The dispatcher still releases band 0 every two ticks there,
+	// unless Config.BlockCritical.)
+	fmt.Println(p.Gate(0, 2, 0.3).Every, p.Gate(1, 2, 0.79).Every, p.Gate(0, 2, 0.8).Every, p.Gate(1, 2, 0.8).Every)
+	// Output: 1 1 0 0
 }

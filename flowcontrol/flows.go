@@ -2,7 +2,6 @@ package flowcontrol
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
@@ -27,16 +26,6 @@ import (
 // fair-share or a band with deadlines, does O(log active flows) heap work.
 // Memory: one flow record per flow seen within FlowIdle, whose queue buffer
 // keeps the size of the flow's largest backlog.
-
-// ErrFlowFull is returned by EnqueueFlow and Controller.WaitRequest when the
-// item's flow already holds its band's FlowCapacity items. It wraps
-// ErrQueueFull, so a host mapping ErrQueueFull to 429 needs no change; it is
-// counted in BandStats.FlowFull, not BandStats.Rejected.
-var ErrFlowFull = fmt.Errorf("%w: the flow holds its FlowCapacity", ErrQueueFull)
-
-// DefaultFlow is the flow of an item enqueued without one (Enqueue, Wait, or
-// an empty flow id), as llm-d names it.
-const DefaultFlow = "default-flow"
 
 // fairness disciplines, resolved from BandConfig.Fairness.
 const (
@@ -741,7 +730,9 @@ func (d *Dispatcher[T]) releaseFlows(i int, b *band[T], now int64) {
 				fs.turn(f)
 			}
 			d.dispatch(i, e.item)
-			d.recheck(i, b)
+			if b.gate == 1 && b.guarded && b.budget > 0 {
+				d.regate(i, b)
+			}
 		} else if fs.fair == fairRR {
 			fs.turn(f)
 		}

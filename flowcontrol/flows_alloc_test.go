@@ -55,7 +55,7 @@ func TestFlowsAllocFree(t *testing.T) {
 						}
 					}
 					d.Step()
-					d.Poll()
+					d.Flush()
 					clk.Advance(time.Millisecond)
 				}
 				for range 20 {

@@ -20,7 +20,7 @@ import (
 func TestChargeReorders(t *testing.T) {
 	var r rec
 	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-		Bands: flowBand(flowcontrol.FairnessShare, 64), Burst: 1, Source: newSat(0), Policy: everyPolicy(2)}}, &r)
+		Bands: flowBand(flowcontrol.FairnessShare, 64), Burst: 1, Source: newSat(0), BlockCritical: true, Policy: everyPolicy(2)}}, &r)
 	defer d.Close()
 	id := 0
 	enq := func(flow string, n int) {

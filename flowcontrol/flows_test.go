@@ -199,7 +199,7 @@ func TestFairShareProperty(t *testing.T) {
 		}
 		var r rec
 		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-			Bands: flowBand(flowcontrol.FairnessShare, 256), Burst: burst, Source: newSat(0.9), Policy: everyPolicy(2)}}, &r)
+			Bands: flowBand(flowcontrol.FairnessShare, 256), Burst: burst, Source: newSat(0.9), BlockCritical: true, Policy: everyPolicy(2)}}, &r)
 		defer d.Close()
 		m := newSFQModel()
 		flowOf, costOf := map[int]int{}, map[int]float64{}
@@ -293,7 +293,7 @@ func TestFairShareProperty(t *testing.T) {
 func TestFairShareNoStarvationNewcomer(t *testing.T) {
 	var r rec
 	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-		Bands: flowBand(flowcontrol.FairnessShare, 4096), Burst: 1, Source: newSat(0), Policy: everyPolicy(2)}}, &r)
+		Bands: flowBand(flowcontrol.FairnessShare, 4096), Burst: 1, Source: newSat(0), BlockCritical: true, Policy: everyPolicy(2)}}, &r)
 	defer d.Close()
 	id := 0
 	enq := func(flow string, cost float64, n int) {
@@ -347,7 +347,7 @@ func TestFlowCapacityExact(t *testing.T) {
 		var r rec
 		bands := []flowcontrol.BandConfig{{Capacity: capacity, Fairness: fair, FlowCapacity: fc}}
 		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-			Bands: bands, Burst: 1, Source: newSat(0), Policy: everyPolicy(1)}}, &r)
+			Bands: bands, Burst: 1, Source: newSat(0), BlockCritical: true, Policy: everyPolicy(1)}}, &r)
 		defer d.Close()
 		held := map[string]int{}
 		flowOf := map[int]string{}
@@ -578,7 +578,7 @@ func TestFlowStateMachine(t *testing.T) {
 				if what == "step" {
 					d.Step()
 				} else {
-					d.Poll()
+					d.Flush()
 				}
 				handle(what, now())
 				for id, it := range items {
@@ -623,7 +623,7 @@ func TestIdleFlowsForgotten(t *testing.T) {
 	mk := func(every int) *flowcontrol.Dispatcher[int] {
 		return newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
 			Bands:  []flowcontrol.BandConfig{{Capacity: 8, Fairness: flowcontrol.FairnessShare, FlowIdle: time.Minute}},
-			Source: newSat(0.9), Policy: everyPolicy(every), Now: clk.Now}}, &r)
+			Source: newSat(0.9), BlockCritical: true, Policy: everyPolicy(every), Now: clk.Now}}, &r)
 	}
 	open, blocked := mk(1), mk(0)
 	defer open.Close()
@@ -671,36 +671,6 @@ func TestIdleFlowsForgotten(t *testing.T) {
 	}
 }
 
-// Pacing.Recheck holds for bands with fairness as for fcfs ones: an open
-// band whose saturation, counted at each dispatch, gates it stops draining
-// its backlog at once; without Recheck it drains all of it.
-func TestRecheckWithFlows(t *testing.T) {
-	for _, fair := range []string{"", flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare} {
-		for _, recheck := range []bool{false, true} {
-			sat := newSat(0.3)
-			released := 0
-			d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
-				Config: flowcontrol.Config{Bands: []flowcontrol.BandConfig{{Capacity: 8}, {Capacity: 8, Fairness: fair}},
-					Burst: 8, Source: sat, Pacing: flowcontrol.Pacing{Recheck: recheck}},
-				Dispatch: func(int, int) { released++; sat.Set(0.9) }, // the in-flight credit counts it at once
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range 4 {
-				if err := d.EnqueueFlow(1, flowName(i%2), 1, time.Time{}, i); err != nil {
-					t.Fatal(err)
-				}
-			}
-			d.Step()
-			d.Close()
-			if want := map[bool]int{false: 4, true: 1}[recheck]; released != want {
-				t.Errorf("fairness %q, Recheck %v: released %d, want %d", fair, recheck, released, want)
-			}
-		}
-	}
-}
-
 // Forgetting is invisible to the order: the same run of enqueues (costs,
 // flows coming and going), charges of released items (before the clock
 // moves on: a Controller pins a flow until its done charges it),
@@ -718,7 +688,7 @@ func TestForgettingInvisible(t *testing.T) {
 		mk := func(idle time.Duration, r *rec) *flowcontrol.Dispatcher[int] {
 			return newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
 				Bands: []flowcontrol.BandConfig{{Capacity: 32, Fairness: fair, Ordering: ord, FlowIdle: idle}},
-				Burst: burst, Source: newSat(0), Policy: everyPolicy(2), Now: clk.Now},
+				Burst: burst, Source: newSat(0), BlockCritical: true, Policy: everyPolicy(2), Now: clk.Now},
 				Abandoned: func(i int) bool { return dead[i] }}, r)
 		}
 		a, b := mk(time.Millisecond, &ra), mk(time.Hour, &rb)

@@ -65,14 +65,7 @@ func bandsCap(capacity []int, maxWait ...time.Duration) []flowcontrol.BandConfig
 	return b
 }
 
-// closedStatic is a static policy at threshold 1 that blocks every band,
-// band 0 included, at and above it (StaticConfig.BlockCritical): a gate a
-// test closes by setting the saturation to 1 or more.
-func closedStatic(t testing.TB) *flowcontrol.Static {
-	t.Helper()
-	p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{BlockCritical: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+// closedStatic is a static policy at threshold 1: with Config.BlockCritical
+// it blocks every band, band 0 included, at and above it, a gate a test
+// closes by setting the saturation to 1 or more.
+func closedStatic(testing.TB) *flowcontrol.Static { return flowcontrol.NewStatic(1) }

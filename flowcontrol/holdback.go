@@ -6,29 +6,6 @@ import (
 	"slices"
 )
 
-// PriorityHoldbackPolicyName is llm-d's priority-holdback-policy, as its
-// configuration spells it.
-const PriorityHoldbackPolicyName = "priority-holdback-policy"
-
-// The domains and the shape of llm-d's priority-holdback-policy
-// (HoldbackConfig).
-const (
-	// HoldbackRank spaces the ceilings evenly by rank: band i of N gets
-	// max − i·(max−min)/(N−1), whatever the bands' priority values.
-	HoldbackRank = "rank"
-	// HoldbackValue spaces them by priority value: a band at priority p
-	// gets min + (p−pMin)/(pMax−pMin)·(max−min).
-	HoldbackValue = "value"
-	// HoldbackExplicit takes each band's ceiling from a priority → ceiling
-	// map; a band whose priority is not in it gets 0 (always blocked).
-	HoldbackExplicit = "explicit"
-	// HoldbackLinear is the only interpolation shape llm-d defines.
-	HoldbackLinear = "linear"
-	// DefaultHoldbackMaxCeiling is maxCeiling when the configuration gives
-	// none: the highest band is held back only at full saturation.
-	DefaultHoldbackMaxCeiling = 1.0
-)
-
 // HoldbackConfig is the configuration of llm-d's priority-holdback-policy:
 // fixed ceilings, from MaxCeiling for the highest band down to MinCeiling for
 // the lowest, spaced by Domain; or, with Domain HoldbackExplicit, given per
@@ -182,15 +159,12 @@ func rankCeiling(lo, hi float64, i, n int) float64 {
 	return hi - float64(i)*(hi-lo)/float64(n-1)
 }
 
-// PriorityHoldback is flowgate's version of llm-d's priority-holdback-policy:
-// each band has a fixed ceiling, non-increasing from band 0 down, and is
-// gated at it as Static is at its threshold — blocked when saturation ≥ its
-// ceiling, paced just below it, open further below (see Static; band 0 keeps
-// at least one opportunity in MaxCriticalEvery until its ceiling). So as
-// saturation rises, the lowest band is held back first, and each band in turn
-// above it. Unlike llm-d's discipline, a band held back does not stop the
-// bands below it that are still under their own ceiling (flowgate gates
-// bands independently), which ceilings non-increasing by band make moot.
+// PriorityHoldback is llm-d's priority-holdback-policy: each band has a
+// fixed ceiling, non-increasing from band 0 down, and is open while the
+// saturation is below its ceiling and blocked at and above it. So as
+// saturation rises, the lowest band is held back first, and each band in
+// turn above it. Bands are gated independently (the dispatcher paces a band
+// that reopens with a backlog and keeps band 0 moving; see Dispatcher).
 //
 // Built with NewPriorityHoldback (the rank domain, a function of (band,
 // bands) alone) or NewPriorityHoldbackCeilings (one ceiling per band, as
@@ -249,5 +223,5 @@ func (p *PriorityHoldback) Ceiling(band, bands int) float64 {
 
 // Gate implements CeilingPolicy.
 func (p *PriorityHoldback) Gate(band, bands int, saturation float64) Gate {
-	return ceilingGate(p.Ceiling(band, bands), band, Sanitize(saturation))
+	return ceilingGate(p.Ceiling(band, bands), Sanitize(saturation))
 }

@@ -20,8 +20,7 @@ type idleSat struct {
 	seq   atomic.Uint64
 }
 
-func (s *idleSat) set(v float64)      { s.bits.Store(math.Float64bits(v)); s.seq.Add(1) }
-func (s *idleSat) ReadingSeq() uint64 { return s.seq.Load() }
+func (s *idleSat) set(v float64) { s.bits.Store(math.Float64bits(v)); s.seq.Add(1) }
 func (s *idleSat) Saturation() float64 {
 	s.reads.Add(1)
 	return math.Float64frombits(s.bits.Load())
@@ -53,10 +52,6 @@ func TestIdleSleepIsExact(t *testing.T) {
 			}
 		}
 		burst := rapid.IntRange(1, 3).Draw(t, "burst")
-		pacing := rapid.SampledFrom([]Pacing{
-			{}, {Readings: true}, {Completions: true}, {Floor: 3 * time.Millisecond},
-			{Readings: true, Completions: true, Floor: 2 * time.Millisecond},
-		}).Draw(t, "pacing")
 		var clock atomic.Int64
 		clock.Store(1e9)
 		now := func() time.Time { return time.Unix(0, clock.Load()) }
@@ -67,7 +62,7 @@ func TestIdleSleepIsExact(t *testing.T) {
 		mk := func(log *[]idleEvent) *Dispatcher[int] {
 			at := func() int64 { return clock.Load() }
 			d, err := NewDispatcher(DispatcherConfig[int]{
-				Config: Config{Bands: bands, Source: sat, Burst: burst, Tick: time.Duration(tick), Now: now, Pacing: pacing},
+				Config: Config{Bands: bands, Source: sat, Burst: burst, Tick: time.Duration(tick), Now: now},
 				Dispatch: func(b, i int) {
 					*log = append(*log, idleEvent{b, i, nil, at()})
 				},
@@ -159,18 +154,9 @@ func TestIdleSleepIsExact(t *testing.T) {
 				if ea != eb {
 					t.Fatalf("Enqueue: %v vs %v", ea, eb)
 				}
-				a.Poll() // Run's wake-up on Enqueue
+				a.Flush() // Run's wake-up on Enqueue
 				arm(s.nudge())
 				compare("enqueue")
-			},
-			// A released request finishes (an opportunity under
-			// Pacing.Completions); it may come while queues are empty.
-			"complete": func(t *rapid.T) {
-				a.Complete()
-				b.Complete()
-				a.Poll()
-				arm(s.nudge())
-				compare("complete")
 			},
 			"abandon": func(t *rapid.T) {
 				if item == 0 {
@@ -181,7 +167,7 @@ func TestIdleSleepIsExact(t *testing.T) {
 				band := rapid.IntRange(0, nb-1).Draw(t, "band")
 				a.Abandon(band)
 				b.Abandon(band)
-				a.Poll()
+				a.Flush()
 				arm(s.nudge())
 				compare("abandon")
 			},
@@ -189,7 +175,7 @@ func TestIdleSleepIsExact(t *testing.T) {
 		// Wake B with one more item and compare everything.
 		item++
 		_, _ = a.Enqueue(0, item), b.Enqueue(0, item)
-		a.Poll()
+		a.Flush()
 		arm(s.nudge())
 		compare("final")
 	})

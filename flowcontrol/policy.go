@@ -55,102 +55,18 @@ func Sanitize(s float64) float64 {
 	return s
 }
 
-// Static applies one threshold to every band: every band but band 0 is
-// blocked when saturation ≥ threshold, and band 0 is paced there (see
-// below). With threshold 1.0 it is the usual "constant ceiling" baseline,
-// flowgate's form of llm-d's static-usage-limit-policy.
-//
-// Below the threshold a band is not simply open: Static paces the approach
-// to its ceiling (see ceilingGate), so that a band reopening after a block
-// does not release its whole backlog at once. Why: scraped saturation lags
-// the pool by a scrape interval or more, and an open band releases
-// everything it holds on the first tick below the threshold, so each
-// reopening flooded the replicas with the backlog that built up while they
-// were blocked; measured in examples/sim, that made a threshold of 1.0
-// worse than no flow control at all at and past the knee (critical TTFT p99
-// at codegen@16 53.2 s against 18.0 s with none; llm-d's static, which
-// releases one item per cycle in strict priority order, 14.4 s). Paced, a
-// reopening releases a bounded share per opportunity, less the closer the
-// reading is to the threshold, and lower bands less than higher ones.
-// The gates, for threshold t and sanitised saturation s:
-//
-//	s ≥ t                 band 0: Every MaxCriticalEvery (0 with BlockCritical);
-//	                      band i ≥ 1: blocked (Every 0)
-//	r = round(s/(t−s)) ≤ 1 (s ≤ t/2 and a little above): every band open
-//	otherwise             band 0: Every min(r, MaxCriticalEvery);
-//	                      band i ≥ 1: Every r·(1+i) (capped at MaxEvery)
-//
-// r is rounded half up as SoftReflective's ratios are; it is the duty cycle
-// SoftReflective gives the last of two bands, with t in place of 1 (s = 0.75t
-// gives 3, 0.9t gives 9).
-//
-// At and above t, band 0 is not blocked: it keeps one opportunity in
-// MaxCriticalEvery (the Every it has just below t, so the gate does not step
-// when the reading crosses t), and every lower band is blocked. Why: where
-// the pool reads saturated for long stretches while its replicas could
-// still admit (KV-bound work, where the KV term reads ≥ 1 from 80 % of the
-// cache, and the pool mean hides a replica with room), a blocked critical
-// band waits at the gateway for completions to bring the reading down,
-// where with no flow control it would have been admitted at once. Measured
-// in examples/sim with every band blocked at t (reasoning@0.7 and @1.2,
-// critical TTFT p99 108 s and 188 s against 87.8 s and 152 s with no flow
-// control), no pacing below t recovered it without holding the sheddable
-// band far below t, which is a second ceiling (PriorityHoldback); pacing
-// band 0 at t did (6.8 s and 136 s), with every other point as good or
-// better. This is flowgate's rule, as SoftReflective never gates band 0:
-// llm-d's static-usage-limit-policy blocks every band at s ≥ t, which
-// StaticConfig.BlockCritical reproduces (and llmd.NewStatic with llm-d's
-// whole dispatch discipline).
+// Static is a constant ceiling: every band is open while the saturation is
+// below the threshold and blocked at and above it. With threshold 1.0 it is
+// llm-d's static-usage-limit-policy, the usual baseline. The dispatcher, not
+// the policy, keeps it safe: a band that reopens with a backlog is paced, and
+// band 0 keeps a minimum rate unless Config.BlockCritical (see Dispatcher).
 type Static struct {
-	threshold     float64
-	blockCritical bool
+	threshold float64
 }
 
-// StaticConfig configures NewStaticConfig.
-type StaticConfig struct {
-	// Threshold is the ceiling t of every band: 0 means
-	// DefaultStaticThreshold; otherwise a number > 0 (+Inf never blocks).
-	Threshold float64
-	// BlockCritical, if set, blocks band 0 at and above the threshold
-	// like every other band: llm-d's meaning of static-usage-limit-policy,
-	// where no band is released at s ≥ t. Unset (the default), band 0 keeps
-	// one opportunity in MaxCriticalEvery there (at the default Tick and
-	// Burst, 500 critical releases/s while the pool reads saturated), so a
-	// critical request is not held at the gateway while a replica could
-	// start it. Set it to reproduce an llm-d deployment's gate exactly, or
-	// where the threshold must be a hard stop for every request; see Static
-	// for what it costs (measured in examples/sim).
-	BlockCritical bool
-}
-
-// NewStaticConfig returns the static policy c describes, or an error
-// wrapping ErrInvalidConfig naming the bad field: a Threshold that is NaN
-// or negative.
-func NewStaticConfig(c StaticConfig) (*Static, error) {
-	t := c.Threshold
-	switch {
-	case t == 0:
-		t = DefaultStaticThreshold
-	case !(t > 0): // NaN or negative
-		return nil, fmt.Errorf("%w: StaticConfig.Threshold must be a number > 0 (0 = default %v), got %v",
-			ErrInvalidConfig, DefaultStaticThreshold, c.Threshold)
-	}
-	return &Static{threshold: t, blockCritical: c.BlockCritical}, nil
-}
-
-// MaxCriticalEvery is the largest Every Static and PriorityHoldback give band
-// 0 below its ceiling: however close the reading is to the ceiling, the
-// critical band keeps at least one opportunity in MaxCriticalEvery until the
-// ceiling is reached (and Burst per opportunity: 500 items/s at the default
-// Tick and Burst), while lower bands slow down without bound.
-const MaxCriticalEvery = 2
-
-// NewStatic returns the static policy with the given threshold (band 0 paced,
-// not blocked, at and above it; StaticConfig.BlockCritical for llm-d's
-// meaning). A NaN threshold is replaced by DefaultStaticThreshold. A
-// threshold ≤ 0 blocks every band but band 0 at every saturation, forever;
-// NewStatic allows it (a test may want a closed gate), PolicyByName refuses
-// it.
+// NewStatic returns the static policy with the given threshold. A NaN
+// threshold is replaced by DefaultStaticThreshold; a threshold ≤ 0 blocks
+// every band at every saturation (PolicyByName refuses it).
 func NewStatic(threshold float64) *Static {
 	if threshold != threshold {
 		threshold = DefaultStaticThreshold
@@ -161,68 +77,40 @@ func NewStatic(threshold float64) *Static {
 // Threshold returns the policy's threshold.
 func (p *Static) Threshold() float64 { return p.threshold }
 
-// BlocksCritical reports whether band 0 is blocked at and above the
-// threshold like every other band (StaticConfig.BlockCritical, llm-d's
-// meaning) rather than paced (the default).
-func (p *Static) BlocksCritical() bool { return p.blockCritical }
-
-// Gate returns the band's gate at the threshold: when saturation ≥
-// threshold, band 0 paced at Every MaxCriticalEvery (blocked, Every 0, with
-// BlockCritical) and every other band blocked; paced just below it; open
-// (Every 1) further below. NaN saturation counts as 1. See Static.
-func (p *Static) Gate(band, bands int, saturation float64) Gate {
-	s := Sanitize(saturation)
-	if !p.blockCritical && band <= 0 && !(s < p.threshold) {
-		// The same Every band 0 has just below the threshold, so the
-		// gate does not step when the reading crosses it.
-		return Gate{Ceiling: p.threshold, Every: MaxCriticalEvery}
-	}
-	return ceilingGate(p.threshold, band, s)
+// Gate returns Every 1 below the threshold and 0 (blocked) at and above it,
+// for every band; NaN saturation counts as 1.
+func (p *Static) Gate(_, _ int, saturation float64) Gate {
+	return ceilingGate(p.threshold, Sanitize(saturation))
 }
 
-// ceilingGate is the gate of a band whose fixed ceiling is c, at the
-// sanitised saturation s: Static's rule (see Static), shared by
-// PriorityHoldback. band < 0 counts as band 0.
-func ceilingGate(c float64, band int, s float64) Gate {
-	if !(s < c) { // also a NaN ceiling: blocked
-		return Gate{Ceiling: c, Every: 0}
-	}
-	// s/(c−s) rises from 0 at s = 0 to +Inf as s approaches c; c−s > 0
-	// here. roundHalfUp caps at MaxEvery (and maps +Inf there).
-	r := roundHalfUp(s / (c - s))
-	if r <= 1 {
+// ceilingGate is the gate of a band whose fixed ceiling is c at the
+// sanitised saturation s: open below c, blocked at and above it (and for a
+// NaN ceiling).
+func ceilingGate(c, s float64) Gate {
+	if s < c {
 		return Gate{Ceiling: c, Every: 1}
 	}
-	if band <= 0 {
-		return Gate{Ceiling: c, Every: min(r, MaxCriticalEvery)}
-	}
-	// r·(1+band) without overflow: r ≤ MaxEvery = 2^30 and band < 2^62
-	// would overflow int64 only past MaxEvery, which caps it.
-	if band >= MaxEvery || r > MaxEvery/(1+band) {
-		return Gate{Ceiling: c, Every: MaxEvery}
-	}
-	return Gate{Ceiling: c, Every: r * (1 + band)}
+	return Gate{Ceiling: c, Every: 0}
 }
 
 // SoftReflective is the soft-reflective ceiling. For N bands and saturation s:
 //
-//	ceiling[0] = 1                   critical: never gated
+//	ceiling[0] = 1                   critical
 //	ceiling[i] = max(0, 1 − i·s/(N−1))
 //
 // A band whose ceiling is at or above s dispatches on every tick (the dead
 // zone); a band with a positive ceiling below s dispatches on one tick in
-// round(s/ceiling), rounded half up; a band whose ceiling is 0 is blocked.
+// round(s/ceiling), rounded half up (band 0 above s = 1 too); a band whose
+// ceiling is 0 is blocked. (Whatever a policy says, the dispatcher keeps
+// band 0 moving unless Config.BlockCritical: see Dispatcher. llm-d's policy
+// halts every band at s ≥ 1: package llmd reproduces it.)
 //
 // Rounding: ratios are rounded half up with a relative tolerance of 1e-9, so
-// that decimal inputs round as in exact arithmetic: in float64 0.6/(1−0.6) is
-// 1.4999999999999998, which plain math.Round turns into 1 (no gating) where
-// exact arithmetic gives 1.5 → 2 (half the ticks blocked). The tolerance is
-// millions of times the float64 error of the quotient and far below any
-// meaningful difference in saturation.
+// that decimal inputs round as in exact arithmetic (in float64 0.6/(1−0.6) is
+// 1.4999999999999998, which must give 2, not 1).
 //
-// Totality: band ≤ 0 and bands ≤ 1 are treated as the critical band (never
-// gated, for any saturation, NaN included); band ≥ bands as the last band;
-// NaN saturation as 1 and negative saturation as 0.
+// Totality: band ≤ 0 and bands ≤ 1 are treated as the critical band; band ≥
+// bands as the last band; NaN saturation as 1 and negative saturation as 0.
 type SoftReflective struct{}
 
 // NewSoftReflective returns the soft-reflective ceiling policy. It has no
@@ -245,13 +133,18 @@ func roundHalfUp(q float64) int {
 
 // Gate implements CeilingPolicy.
 func (*SoftReflective) Gate(band, bands int, saturation float64) Gate {
+	s := Sanitize(saturation)
 	if band <= 0 || bands <= 1 {
-		return Gate{Ceiling: 1, Every: 1}
+		// ceiling[0] = 1: the dead zone up to s = 1, then the same
+		// duty cycle as every band, round(s/1).
+		if s <= 1 {
+			return Gate{Ceiling: 1, Every: 1}
+		}
+		return Gate{Ceiling: 1, Every: roundHalfUp(s)}
 	}
 	if band >= bands {
 		band = bands - 1
 	}
-	s := Sanitize(saturation)
 	n1 := float64(bands - 1)
 	// num is ceiling·(N−1); working with it keeps one rounding fewer in
 	// the quotient s/ceiling = s·(N−1)/num.
@@ -272,10 +165,11 @@ func (*SoftReflective) Gate(band, bands int, saturation float64) Gate {
 }
 
 // Policy names understood by PolicyByName, as the reference gateway spells
-// them (PriorityHoldbackPolicyName too).
+// them.
 const (
-	StaticPolicyName         = "static-usage-limit-policy"
-	SoftReflectivePolicyName = "soft-reflective-ceiling-policy"
+	StaticPolicyName           = "static-usage-limit-policy"
+	SoftReflectivePolicyName   = "soft-reflective-ceiling-policy"
+	PriorityHoldbackPolicyName = "priority-holdback-policy"
 )
 
 // PolicyByName returns the policy registered under name, configured by

@@ -3,7 +3,6 @@ package flowcontrol_test
 import (
 	"errors"
 	"math"
-	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -42,8 +41,8 @@ func TestSoftReflectiveTwoBandGates(t *testing.T) {
 		if g := p.Gate(1, 2, tc.s); g.Every != tc.every {
 			t.Errorf("Gate(1, 2, %v).Every = %d, want %d (gate %+v)", tc.s, g.Every, tc.every, g)
 		}
-		if g := p.Gate(0, 2, tc.s); g.Every != 1 {
-			t.Errorf("Gate(0, 2, %v) = %+v, critical must never be gated", tc.s, g)
+		if g := p.Gate(0, 2, tc.s); g.Every != 1 && !(flowcontrol.Sanitize(tc.s) > 1) {
+			t.Errorf("Gate(0, 2, %v) = %+v: critical is open up to s = 1", tc.s, g)
 		}
 	}
 	// 0.7/0.3 = 2.333 → 2; 0.8/0.2 = 4 (float: 3.9999999999999996 → 4).
@@ -64,9 +63,10 @@ func TestSoftReflectiveFourBands(t *testing.T) {
 			t.Errorf("Gate(%d, 4, 0.75) = %+v, want %+v", b, g, w)
 		}
 	}
-	// s = 1.5 > 1: band 1 keeps a trickle (ceiling 0.5, every 3), band 2 is
+	// s = 1.5 > 1: band 0 every round(1.5/1) = 2, band 1 a trickle
+	// (ceiling 0.5, every 3), band 2 is
 	// at ceiling 0 (blocked), band 3 clamped at 0.
-	for b, every := range []int{1, 3, 0, 0} {
+	for b, every := range []int{2, 3, 0, 0} {
 		if g := p.Gate(b, 4, 1.5); g.Every != every {
 			t.Errorf("Gate(%d, 4, 1.5) = %+v, want every %d", b, g, every)
 		}
@@ -75,28 +75,17 @@ func TestSoftReflectiveFourBands(t *testing.T) {
 
 func TestStatic(t *testing.T) {
 	p := flowcontrol.NewStatic(1)
-	// every[b] for bands 0, 1, 2 of 3: open up to r = round(s/(1−s)) = 1,
-	// then band 0 min(r, 2) and band i r·(1+i); bands 1 and 2 blocked from 1.
 	for _, tc := range []struct {
 		s     float64
-		every [3]int
+		every int
 	}{
-		{0, [3]int{1, 1, 1}}, {0.5, [3]int{1, 1, 1}}, {0.55, [3]int{1, 1, 1}},
-		{0.6, [3]int{2, 4, 6}}, // 0.6/0.4 = 1.5 rounds up (exact arithmetic)
-		{0.75, [3]int{2, 6, 9}}, {0.9, [3]int{2, 18, 27}}, {0.99, [3]int{2, 198, 297}},
-		// From the threshold band 0 keeps MaxCriticalEvery, the rest block.
-		{1, [3]int{2, 0, 0}}, {2, [3]int{2, 0, 0}}, {math.NaN(), [3]int{2, 0, 0}},
-		{math.Inf(1), [3]int{2, 0, 0}}, {math.Inf(-1), [3]int{1, 1, 1}},
+		{0, 1}, {0.5, 1}, {0.99, 1}, {1, 0}, {2, 0}, {math.NaN(), 0}, {math.Inf(1), 0}, {math.Inf(-1), 1},
 	} {
-		for b := 0; b < 3; b++ {
-			if g := p.Gate(b, 3, tc.s); g.Every != tc.every[b] || g.Ceiling != 1 {
-				t.Errorf("static(1).Gate(%d, 3, %v) = %+v, want every %d", b, tc.s, g, tc.every[b])
+		for b := range 3 {
+			if g := p.Gate(b, 3, tc.s); g.Every != tc.every || g.Ceiling != 1 {
+				t.Errorf("static(1).Gate(%d, 3, %v) = %+v, want every %d", b, tc.s, g, tc.every)
 			}
 		}
-	}
-	// The pacing scales with the threshold: 0.6 of 0.8 is 0.75 of 1.
-	if g := flowcontrol.NewStatic(0.8).Gate(1, 2, 0.6); g.Every != 6 {
-		t.Errorf("static(0.8).Gate(1, 2, 0.6) = %+v, want every 6", g)
 	}
 	if got := flowcontrol.NewStatic(math.NaN()).Threshold(); got != flowcontrol.DefaultStaticThreshold {
 		t.Errorf("NewStatic(NaN).Threshold() = %v", got)
@@ -123,8 +112,8 @@ func TestPolicyByName(t *testing.T) {
 		t.Fatalf("static default: %v %v", p, err)
 	}
 	p, err = flowcontrol.PolicyByName("static-usage-limit-policy", map[string]float64{"threshold": 0.8})
-	if err != nil || p.Gate(0, 2, 0.8).Every != flowcontrol.MaxCriticalEvery || p.Gate(1, 2, 0.8).Every != 0 ||
-		p.Gate(0, 2, 0.79).Every != 2 || p.Gate(0, 2, 0.4).Every != 1 {
+	if err != nil || p.Gate(0, 2, 0.8).Every != 0 || p.Gate(1, 2, 0.8).Every != 0 ||
+		p.Gate(0, 2, 0.79).Every != 1 || p.Gate(1, 2, 0.4).Every != 1 {
 		t.Fatalf("static 0.8: %v %v", p, err)
 	}
 	p, err = flowcontrol.PolicyByName("priority-holdback-policy", map[string]float64{"minCeiling": 0.4, "maxCeiling": 0.9})
@@ -197,8 +186,12 @@ func checkGate(fail func(string, ...any), band, bands int, s float64) {
 		fail("Gate(%d, %d, %v).Ceiling = %v out of [0, 1]", band, bands, s, g.Ceiling)
 	}
 	if band <= 0 || bands <= 1 {
-		if g.Every != 1 {
-			fail("critical band gated: Gate(%d, %d, %v) = %+v", band, bands, s, g)
+		want := 1
+		if cs := flowcontrol.Sanitize(s); cs > 1 {
+			want = min(int(cs+0.5), flowcontrol.MaxEvery)
+		}
+		if g.Every != want || g.Ceiling != 1 {
+			fail("critical band: Gate(%d, %d, %v) = %+v, want ceiling 1, Every %d", band, bands, s, g, want)
 		}
 		return
 	}
@@ -269,7 +262,7 @@ func TestDispatcherClampsPolicyEvery(t *testing.T) {
 	for _, tc := range []struct{ every, want int }{{-5, 0}, {flowcontrol.MaxEvery + 7, flowcontrol.MaxEvery}, {3, 3}} {
 		var r rec
 		p := flowcontrol.PolicyFunc(func(int, int, float64) flowcontrol.Gate { return flowcontrol.Gate{Every: tc.every} })
-		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(1, 2), Source: newSat(0), Policy: p}}, &r)
+		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{Bands: bandsOf(1, 2), Source: newSat(0), Policy: p, BlockCritical: true}}, &r)
 		_ = d.Enqueue(0, 1)
 		d.Step()
 		if got := d.Stats().Bands[0].Gate.Every; got != tc.want || len(r.take()) != 0 {
@@ -278,133 +271,17 @@ func TestDispatcherClampsPolicyEvery(t *testing.T) {
 	}
 }
 
-// staticGateRange is the exact model of Static's gate with or without
-// StaticConfig.BlockCritical: band 0 at s ≥ t has Every MaxCriticalEvery when
-// paced (the default); everything else is the fixed-ceiling rule
-// (ceilingGateRange).
-func staticGateRange(t float64, pace bool, band int, s float64) (lo, hi int) {
-	if pace && band <= 0 && !(s < t) {
-		return flowcontrol.MaxCriticalEvery, flowcontrol.MaxCriticalEvery
-	}
-	if math.IsInf(t, 1) {
-		return 1, 1 // s/(t−s) = 0 for every sanitised (finite) s: open
-	}
-	return ceilingGateRange(t, band, s)
-}
-
-// checkStaticGate asserts Static's gate against the exact model for any raw
-// input, and what both forms promise: lower bands are blocked at s ≥ t with
-// or without BlockCritical, a lower band never opens more often than a
-// higher one, a higher saturation never opens a band more often, and
-// without BlockCritical the gate is NewStatic's.
-func checkStaticGate(fail func(string, ...any), p *flowcontrol.Static, band, bands int, s float64) {
-	t, pace := p.Threshold(), !p.BlocksCritical()
-	g := p.Gate(band, bands, s)
-	cs := flowcontrol.Sanitize(s)
-	if g.Ceiling != t {
-		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v: ceiling is not the threshold", t, pace, band, bands, s, g)
-	}
-	if lo, hi := staticGateRange(t, pace, band, cs); g.Every < lo || g.Every > hi {
-		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v, model Every in [%d, %d]", t, pace, band, bands, s, g, lo, hi)
-	}
-	if g2 := p.Gate(band, bands, cs); g2 != g {
-		fail("Gate(%d, %d, %v) = %+v but %+v after Sanitize", band, bands, s, g, g2)
-	}
-	if band > 0 && cs >= t && g.Every != 0 {
-		fail("static(%v, pace %v).Gate(%d, %d, %v) = %+v: a lower band released at s ≥ t", t, pace, band, bands, s, g)
-	}
-	if pace {
-		if want := flowcontrol.NewStatic(t).Gate(band, bands, s); g != want {
-			fail("static config without BlockCritical: Gate(%d, %d, %v) = %+v, NewStatic gives %+v", band, bands, s, g, want)
-		}
-	}
-	if band+1 < bands {
-		if lower := p.Gate(band+1, bands, s); openRate(lower) > openRate(g) {
-			fail("band %d (%+v) opens more than band %d (%+v) at s=%v", band+1, lower, band, g, s)
-		}
-	}
-	for _, up := range []float64{cs * 1.01, cs + 0.01, cs + 0.3, t, t * 2} {
-		if h := p.Gate(band, bands, up); up > cs && openRate(h) > openRate(g) {
-			fail("Gate(%d, %d, %v) = %+v opens more than at %v (%+v)", band, bands, up, h, s, g)
-		}
-	}
-}
-
-func TestStaticConfigGateProperties(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		threshold := rapid.OneOf(rapid.Just(1.0), rapid.Float64Range(1e-3, 5)).Draw(t, "threshold")
-		block := rapid.Bool().Draw(t, "block")
-		bands := rapid.IntRange(-1, 10).Draw(t, "bands")
-		band := rapid.IntRange(-2, 12).Draw(t, "band")
-		s := saturationGen().Draw(t, "s")
-		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, BlockCritical: block})
-		if err != nil {
-			t.Fatalf("NewStaticConfig(%v, %v): %v", threshold, block, err)
-		}
-		checkStaticGate(t.Fatalf, p, band, bands, s)
-	})
-}
-
-func TestNewStaticConfig(t *testing.T) {
-	p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{})
-	if err != nil || p.Threshold() != flowcontrol.DefaultStaticThreshold || p.BlocksCritical() {
-		t.Fatalf("zero StaticConfig: %v, %v", p, err)
-	}
-	if flowcontrol.NewStatic(1).BlocksCritical() {
-		t.Fatal("NewStatic blocks band 0 at the threshold: flowgate's static paces it")
-	}
-	for _, bad := range []float64{math.NaN(), -1, math.Inf(-1), -1e-300} {
-		_, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: bad, BlockCritical: true})
-		if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), "StaticConfig.Threshold") ||
-			!strings.HasPrefix(err.Error(), "flowcontrol: ") {
-			t.Errorf("NewStaticConfig(Threshold %v) err = %v, want ErrInvalidConfig naming StaticConfig.Threshold", bad, err)
-		}
-	}
-	// By default, at and above the threshold band 0 keeps
-	// MaxCriticalEvery and the sheddable band stays blocked; with
-	// BlockCritical band 0 is blocked there too; below it the two agree.
-	pc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: 0.8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: 0.8, BlockCritical: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		s            float64
-		every, block [2]int
-	}{
-		{0.4, [2]int{1, 1}, [2]int{1, 1}}, {0.6, [2]int{2, 6}, [2]int{2, 6}}, {0.79, [2]int{2, 158}, [2]int{2, 158}},
-		{0.8, [2]int{2, 0}, [2]int{0, 0}}, {5, [2]int{2, 0}, [2]int{0, 0}},
-		{math.Inf(1), [2]int{2, 0}, [2]int{0, 0}}, {math.NaN(), [2]int{2, 0}, [2]int{0, 0}},
-	} {
-		for b := range 2 {
-			if g := pc.Gate(b, 2, tc.s); g.Every != tc.every[b] || g.Ceiling != 0.8 {
-				t.Errorf("static(0.8).Gate(%d, 2, %v) = %+v, want every %d", b, tc.s, g, tc.every[b])
-			}
-			if g := bc.Gate(b, 2, tc.s); g.Every != tc.block[b] || g.Ceiling != 0.8 {
-				t.Errorf("static(0.8, BlockCritical).Gate(%d, 2, %v) = %+v, want every %d", b, tc.s, g, tc.block[b])
-			}
-		}
-	}
-}
-
-// At a saturation above the threshold, a dispatcher under NewStatic
-// releases band 0 on one tick in MaxCriticalEvery (Burst 1) and nothing
-// from band 1; with BlockCritical it releases nothing.
+// At a saturation above the threshold, a dispatcher under Static releases
+// band 0 and nothing from band 1; with Config.BlockCritical it releases
+// nothing.
 func TestStaticCriticalDispatch(t *testing.T) {
-	bc, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{BlockCritical: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
-		policy *flowcontrol.Static
-		want   int
-	}{{flowcontrol.NewStatic(1), 10 / flowcontrol.MaxCriticalEvery}, {bc, 0}} {
+		block bool
+		want  int
+	}{{false, 10}, {true, 0}} {
 		var r rec
 		d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-			Bands: bandsOf(2, 64), Source: newSat(1.5), Policy: tc.policy, Burst: 1}}, &r)
+			Bands: bandsOf(2, 64), Source: newSat(1.5), Policy: flowcontrol.NewStatic(1), Burst: 1, BlockCritical: tc.block}}, &r)
 		for i := range 20 {
 			if err := d.Enqueue(i%2, i); err != nil {
 				t.Fatal(err)
@@ -416,39 +293,28 @@ func TestStaticCriticalDispatch(t *testing.T) {
 		got := r.take()
 		for _, e := range got {
 			if e.band != 0 || e.reason != nil {
-				t.Fatalf("block %v: event %+v at s = 1.5: only band 0 may be released", tc.policy.BlocksCritical(), e)
+				t.Fatalf("block %v: event %+v at s = 1.5: only band 0 may be released", tc.block, e)
 			}
 		}
 		if len(got) != tc.want {
-			t.Errorf("block %v: %d band-0 releases in 10 ticks at s = 1.5, want %d", tc.policy.BlocksCritical(), len(got), tc.want)
+			t.Errorf("block %v: %d band-0 releases of 10 at s = 1.5, want %d", tc.block, len(got), tc.want)
 		}
 	}
 }
 
-func FuzzStaticConfig(f *testing.F) {
+func FuzzStatic(f *testing.F) {
 	for _, s := range []float64{0, 0.59, 0.6, 0.99, 1, 1 + 1e-16, 1.5, math.NaN(), math.Inf(1), math.Inf(-1)} {
-		f.Add(1.0, true, 0, 2, s)
-		f.Add(1.0, true, 1, 2, s)
-		f.Add(1.0, false, 0, 2, s)
+		f.Add(1.0, 0, 2, s)
+		f.Add(1.0, 1, 2, s)
 	}
-	f.Add(0.0, true, 0, 2, 1.0)
-	f.Add(0.8, true, -1, 0, 0.8)
-	f.Add(0.8, true, 7, 8, 0.79)
-	f.Add(math.NaN(), true, 0, 2, 1.0)
-	f.Add(-1.0, false, 0, 2, 1.0)
-	f.Add(math.Inf(1), true, 0, 2, math.Inf(1))
-	f.Add(1e-300, true, 0, 2, 0.0)
-	f.Fuzz(func(t *testing.T, threshold float64, block bool, band, bands int, s float64) {
-		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{Threshold: threshold, BlockCritical: block})
-		if valid := threshold == 0 || threshold > 0; valid != (err == nil) {
-			t.Fatalf("NewStaticConfig(%v): err %v, model says valid=%v", threshold, err, valid)
-		}
-		if err != nil {
-			if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.Contains(err.Error(), "StaticConfig.Threshold") {
-				t.Fatalf("error %q is not an ErrInvalidConfig naming StaticConfig.Threshold", err)
-			}
-			return
-		}
-		checkStaticGate(t.Fatalf, p, band, bands, s)
+	f.Add(0.0, 0, 2, 1.0)
+	f.Add(0.8, -1, 0, 0.8)
+	f.Add(0.8, 7, 8, 0.79)
+	f.Add(math.NaN(), 0, 2, 1.0)
+	f.Add(-1.0, 0, 2, 1.0)
+	f.Add(math.Inf(1), 0, 2, math.Inf(1))
+	f.Add(1e-300, 0, 2, 0.0)
+	f.Fuzz(func(t *testing.T, threshold float64, band, bands int, s float64) {
+		checkCeilingGate(t.Fatalf, flowcontrol.NewStatic(threshold), band, bands, s)
 	})
 }

@@ -87,7 +87,6 @@ func (t *ticket) doneServed(gen uint64, r *Request, f *flow[*ticket], est float6
 		if c.hook != nil {
 			c.hook.Dec()
 		}
-		c.d.Complete()
 		c.pool.Put(t)
 	}
 }

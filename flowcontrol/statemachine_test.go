@@ -31,6 +31,7 @@ type model struct {
 	since    []int
 	budget   []int
 	open     []bool // the band's gate at the last tick was Every 1 (closed before the first)
+	guarded  []bool // gated since the band was last open and empty: a backlog is paced
 	maxWait  []time.Duration
 	capacity int
 	burst    int
@@ -70,13 +71,19 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 	if advance {
 		s := flowcontrol.Sanitize(sat)
 		for b := 0; b < n; b++ {
-			g := m.policy.Gate(b, n, s)
+			every := min(max(m.policy.Gate(b, n, s).Every, 0), flowcontrol.MaxEvery)
+			if b == 0 {
+				every = 1 // the critical guarantee
+			}
 			if m.since[b] < flowcontrol.MaxEvery {
 				m.since[b]++
 			}
-			m.open[b] = g.Every == 1
+			m.open[b] = every == 1
+			if !m.open[b] {
+				m.guarded[b] = true
+			}
 			m.budget[b] = 0
-			if g.Every > 0 && m.since[b] >= g.Every {
+			if every > 0 && m.since[b] >= every {
 				m.budget[b] = m.burst
 			}
 			q := m.bands[b]
@@ -91,6 +98,9 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 		}
 	}
 	for b := 0; b < n; b++ {
+		if m.guarded[b] && m.open[b] && m.bands[b].Size() == 0 {
+			m.guarded[b] = false // open and caught up
+		}
 		if m.pending[b] {
 			// Reap: every dead item leaves the band at once, in order.
 			m.pending[b] = false
@@ -105,8 +115,8 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 			m.bands[b] = kept
 		}
 		q := m.bands[b]
-		if m.open[b] {
-			// Open bands are work-conserving: no budget.
+		if m.open[b] && !m.guarded[b] {
+			// Open bands without a backlog are work-conserving: no budget.
 			m.budget[b] = 1 << 62
 		}
 		for m.budget[b] > 0 {
@@ -146,7 +156,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 		sat := newSat(0)
 		m := &model{
 			policy: flowcontrol.NewSoftReflective(), capacity: capacity, burst: burst, maxWait: maxWait,
-			since: make([]int, bands), budget: make([]int, bands), open: make([]bool, bands), pending: make([]bool, bands),
+			since: make([]int, bands), budget: make([]int, bands), open: make([]bool, bands), guarded: make([]bool, bands), pending: make([]bool, bands),
 			dead: map[int]bool{}, outcome: map[int]error{},
 		}
 		for b := 0; b < bands; b++ {
@@ -242,7 +252,7 @@ func TestDispatcherStateMachine(t *testing.T) {
 			},
 			"poll": func(t *rapid.T) {
 				want := m.step(now(), sat.Saturation(), false)
-				d.Poll()
+				d.Flush()
 				compare("Poll", want)
 			},
 			"close": func(t *rapid.T) {

@@ -118,7 +118,7 @@ func TestDeadlineSaturates(t *testing.T) {
 	clk := newFakeClock()
 	var r rec
 	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-		Bands: bandsOf(1, 4, 2562047*time.Hour), Source: newSat(5), Policy: closedStatic(t), Now: clk.Now,
+		Bands: bandsOf(1, 4, 2562047*time.Hour), Source: newSat(5), Policy: closedStatic(t), BlockCritical: true, Now: clk.Now,
 	}}, &r)
 	clk.Advance(time.Hour)
 	if err := d.Enqueue(0, 1); err != nil {
@@ -137,7 +137,7 @@ func TestDeadlineSaturates(t *testing.T) {
 	clk2 := newFakeClock()
 	var r2 rec
 	d2 := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
-		Bands: bandsOf(1, 4, time.Nanosecond), Source: newSat(5), Policy: closedStatic(t), Now: clk2.Now,
+		Bands: bandsOf(1, 4, time.Nanosecond), Source: newSat(5), Policy: closedStatic(t), BlockCritical: true, Now: clk2.Now,
 	}}, &r2)
 	if err := d2.Enqueue(0, 1); err != nil {
 		t.Fatal(err)

@@ -41,7 +41,6 @@ type options struct {
 	plot        string
 	tick        time.Duration
 	burst       int
-	pacing      flowcontrol.Pacing
 	shared      time.Duration
 	sharedExact bool
 	routing     string
@@ -53,8 +52,8 @@ type options struct {
 	bAlone      bool
 	longShort   bool
 	credit      bool
+	plain       bool // -plain-controller
 	qthr, kvthr float64
-	pacingSet   bool // -pacing given: otherwise the Gateway's (see config)
 	scrape      time.Duration
 	replicas    int
 	cv          float64
@@ -72,9 +71,8 @@ type options struct {
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its
 // dispatched-but-not-yet-visible requests to each pod's waiting count. On, as
-// flowhttp.Gateway ships it: with it (and no -pacing, no -queue-threshold) flowgate's
-// gateways also re-read the saturation after every release (flowcontrol.Pacing.Recheck)
-// and score a pod's queue against flowhttp.CreditQueueDepthThreshold, the Gateway's
+// flowhttp.Gateway ships it: with it (and no -queue-threshold) flowgate's gateways
+// score a pod's queue against flowhttp.CreditQueueDepthThreshold, the Gateway's
 // wiring (TestGatewayWiringDefault keeps the two equal; the sweep that chose it is in
 // README.md next to this file).
 const DefaultCredit = true
@@ -126,8 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.critRouting, "critical-routing", DefaultCriticalRouting, "how a flowgate gateway (static, soft-reflective, priority-holdback, static-block-critical; none, the floor and llm-d parity always route by -routing) picks the replica for a critical request: same (as -routing), kv (by -routing among the replicas with -critical-kv-headroom of their KV cache free at the last scrape: flowhttp.Gateway.LeastLoadedFor(0)) or kv-bp (kv in the rows with backend priority, same in the others: the Gateway's default, on when it forwards priority)")
 	fs.Float64Var(&o.critKVRoom, "critical-kv-headroom", cluster.DefaultCriticalKVHeadroom, "with -critical-routing kv: the share of a replica's KV cache that must be free at the last scrape for it to stay among the replicas a critical request is routed to by -routing (when none has it, those with the lowest KV usage; when all have it, all of them)")
 	fs.StringVar(&o.routing, "routing", cluster.DefaultRouting, "how a gateway picks a replica: scrape (least max(scraped waiting + running, in flight seen) at the last scrape) or inflight (fewest in flight as the gateway sees them, ties round-robin: the example proxy's routing)")
-	pacing := fs.String("pacing", "", "what a gated band's duty cycle counts: ticks, or '+'-joined readings, completions, floor=DURATION, recheck (default: recheck with -credit, as flowhttp.Gateway runs, ticks without)")
 	fs.BoolVar(&o.credit, "credit", DefaultCredit, "count each gateway's in-flight requests not yet in the scraped metrics as waiting")
+	fs.BoolVar(&o.plain, "plain-controller", false, "flowgate's rows as a plain flowcontrol.Controller over a saturation.Poller, without flowhttp.Gateway: releases are credited to the pool, not to each replica (saturation.Scorer.PoolReleased)")
 	fs.Float64Var(&o.qthr, "queue-threshold", 0, "flowgate's saturation: waiting requests that alone saturate a pod (0 = flowhttp.Gateway's: flowhttp.CreditQueueDepthThreshold with -credit, the reference 5 without; llm-d baselines keep 5)")
 	fs.Float64Var(&o.kvthr, "kv-threshold", 0, "flowgate's saturation: KV-cache usage that alone saturates a pod (0 = the reference 0.8; llm-d baselines keep 0.8)")
 	fs.DurationVar(&o.scrape, "scrape", 50*time.Millisecond, "metrics scrape interval")
@@ -216,11 +214,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			}
 		}
 	}
-	p, err := parsePacing(*pacing)
-	if err != nil {
-		return o, err
-	}
-	o.pacing, o.pacingSet = p, *pacing != ""
 	if *tenants == "long-short" {
 		o.longShort = true
 	} else if *tenants != "" {
@@ -321,54 +314,21 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
 	rc.PreemptForWaiting = o.preemptWaiting
-	pacing, qthr := o.pacing, o.qthr
+	qthr := o.qthr
 	if o.credit {
-		// flowhttp.Gateway's wiring with its credit on: it re-reads the
-		// saturation after every release (Pacing.Recheck) and scores a pod's
+		// flowhttp.Gateway's wiring with its credit on: it scores a pod's
 		// queue against CreditQueueDepthThreshold (TestGatewayWiringDefault).
-		if !o.pacingSet {
-			pacing.Recheck = true
-		}
 		if qthr == 0 {
 			qthr = flowhttp.CreditQueueDepthThreshold
 		}
 	}
 	return cluster.Config{
 		Workload: w, QPS: qps, Policy: policy, Duration: o.duration, Seed: seed,
-		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst, Pacing: pacing,
+		Replicas: o.replicas, Gateways: o.gateways, Tick: o.tick, Burst: o.burst,
 		SharedInFlight: o.shared, SharedInFlightExact: o.sharedExact, Routing: o.routing, CriticalRouting: o.critRouting, CriticalKVHeadroom: o.critKVRoom, Admission: o.admission,
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
-		Credit: o.credit, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
+		Credit: o.credit, PlainController: o.plain, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
 		Holdback: o.holdback,
 	}
-}
-
-// parsePacing reads -pacing: "" or "ticks" for the zero Pacing, otherwise
-// '+'-joined terms readings, completions and floor=DURATION.
-func parsePacing(v string) (flowcontrol.Pacing, error) {
-	var p flowcontrol.Pacing
-	if v == "" || v == "ticks" {
-		return p, nil
-	}
-	v = strings.TrimPrefix(v, "ticks+")
-	for _, term := range strings.Split(v, "+") {
-		switch {
-		case term == "readings":
-			p.Readings = true
-		case term == "completions":
-			p.Completions = true
-		case term == "recheck":
-			p.Recheck = true
-		case strings.HasPrefix(term, "floor="):
-			d, err := time.ParseDuration(strings.TrimPrefix(term, "floor="))
-			if err != nil || d <= 0 {
-				return p, fmt.Errorf("-pacing: %q: floor wants a positive duration", term)
-			}
-			p.Floor = d
-		default:
-			return p, fmt.Errorf("-pacing: %q must be ticks, or '+'-joined readings, completions, floor=DURATION, recheck", term)
-		}
-	}
-	return p, nil
 }

@@ -12,13 +12,12 @@ import (
 
 	"github.com/flowgate/flowgate/examples/internal/cluster"
 	"github.com/flowgate/flowgate/examples/internal/workload"
-	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 	"github.com/flowgate/flowgate/saturation"
 )
 
 // TestGatewayWiringDefault: the simulator's default flowgate row runs the wiring
-// flowhttp.Gateway ships (in-flight credit on, Pacing.Recheck, the queue scored against
+// flowhttp.Gateway ships (in-flight credit on, the queue scored against
 // flowhttp.CreditQueueDepthThreshold, the prompt-token term at its default, KV as
 // scraped, the mean over replicas), and the two score the same pod alike: a
 // zero-config Gateway scraping a pod with 4 waiting, 2 running, KV 0.3 and a mean
@@ -27,14 +26,13 @@ import (
 // built from its default config, over the reading with those 9 in flight): the 3
 // credited requests are charged as waiting ones in the prompt-token term too, not at
 // 1/Q each as the Gateway's credit did before (the test tells the two apart). Without
-// -credit the row is the scrape alone (ticks, the reference 5), as a Gateway with
+// -credit the row is the scrape alone (the reference 5), as a Gateway with
 // NoCredit.
 func TestGatewayWiringDefault(t *testing.T) {
 	o, err := parseFlags(nil, nil)
 	require.NoError(t, err)
 	c := o.config(workload.Chat, 80, cluster.SoftReflective, 1)
 	require.True(t, c.Credit)
-	require.Equal(t, flowcontrol.Pacing{Recheck: true}, c.Pacing)
 	require.Equal(t, flowhttp.CreditQueueDepthThreshold, c.QueueThreshold)
 	require.Equal(t, float64(saturation.DefaultPromptTokenThreshold), c.PromptTokens)
 	require.Zero(t, c.KVThreshold)
@@ -61,7 +59,6 @@ func TestGatewayWiringDefault(t *testing.T) {
 		oc.credit = !noCredit
 		c := oc.config(workload.Chat, 80, cluster.SoftReflective, 1)
 		if noCredit {
-			require.Equal(t, flowcontrol.Pacing{}, c.Pacing)
 			require.Zero(t, c.QueueThreshold, "the reference threshold")
 		}
 		gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{srv.URL}, NoCredit: noCredit,

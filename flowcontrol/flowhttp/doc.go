@@ -122,16 +122,11 @@
 //
 // # Releases the saturation has not seen yet
 //
-// The Controller releases a request in its dispatcher's goroutine; the
-// wrapped handler forwards it a scheduling delay later, on the request's
-// goroutine. A saturation source that counts requests when they are
-// forwarded (saturation.Poller's in-flight credit, through Dispatched) does
-// not see a backlog the dispatcher is draining, so an open band can release
-// all of it before the saturation moves. Gateway charges the gap: its
-// controller reads the poller's saturation plus one waiting request per
-// release the host has not yet Forwarded (Controller.InFlight counts a
-// release before its waiter wakes), and re-reads it after every release
-// from a backlog (flowcontrol.Pacing.Recheck). A host that builds its own
-// controller and Handler gets none of this; GatewayConfig.NoCredit turns it
-// off for comparison.
+// Scraped metrics lag the pool. The controller tells the poller of each
+// release at once (a request not yet forwarded counts on an average
+// endpoint), Forward moves it to its endpoint (the poller's in-flight
+// credit), and the dispatcher paces a band that reopens with a backlog
+// (Burst per tick, re-reading the saturation after each release), so the
+// requests released between two scrapes close the gate before they fill the
+// pool. GatewayConfig.NoCredit turns the credit off for comparison.
 package flowhttp

@@ -102,14 +102,10 @@ type GatewayConfig struct {
 	Poller saturation.PollerConfig
 	// NoCredit turns the in-flight credit off: the saturation is then
 	// only what the scraped metrics said at the last scrape. With it on
-	// (the default), a request counts at once as waiting on its
-	// endpoint, from its release by the controller (before the host has
-	// even chosen the endpoint) to the scrape that sees it, and an open
-	// band re-reads the saturation after every release from a backlog
-	// (flowcontrol.Pacing.Recheck): without both, a backlog built while
-	// its band was gated reaches the pool in one tick the moment a
-	// reading dips, and every request released between two scrapes is
-	// invisible to the gate (see the package documentation).
+	// (the default), a released request counts at once as waiting on an
+	// average endpoint, and from Forward on as waiting on its own, until a
+	// scrape shows it, so the requests released between two scrapes close
+	// the gate before they fill the pool.
 	NoCredit bool
 	// NoPromptTokens leaves the poller's Scorer.PromptTokenThreshold at 0
 	// (off) when it is 0; otherwise a zero threshold takes
@@ -187,7 +183,6 @@ type Gateway struct {
 	gate      *gate
 	col       *flowmetrics.Collector
 	extra     *gatewayCollector
-	credit    *releaseCredit // nil with NoCredit
 
 	mu      sync.Mutex
 	state   int // 0 new, 1 running, 2 closed
@@ -264,17 +259,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if fc.Bands == nil {
 		fc.Bands = DefaultBands()
 	}
-	var src flowcontrol.SaturationSource = poller
-	if !cfg.NoCredit {
-		g.credit = newReleaseCredit(poller, pc.Scorer.QueueDepthThreshold, len(urls))
-		src = g.credit
-		// A release is charged the moment it happens: re-reading while an
-		// open band drains a backlog stops the drain as soon as the
-		// gate closes (without the credit a re-read would see the same
-		// reading, so it is only paid for with it).
-		fc.Pacing.Recheck = true
-	}
-	fc.Source = src
+	fc.Source = poller
 	mo := cfg.Metrics
 	mo.BandNames = make([]string, len(fc.Bands))
 	for i, b := range fc.Bands {
@@ -294,7 +279,13 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 			user(band, outcome, waited)
 		}
 	}
-	g.ctrl, err = flowcontrol.NewController(flowcontrol.ControllerConfig{Config: fc, OnOutcome: onOutcome, Admitter: cfg.Admitter})
+	cc := flowcontrol.ControllerConfig{Config: fc, OnOutcome: onOutcome, Admitter: cfg.Admitter}
+	if cfg.NoCredit {
+		// The controller would tell the poller of each release (its
+		// credit to the pool); with NoCredit nothing is credited.
+		cc.InFlight = uncounted{}
+	}
+	g.ctrl, err = flowcontrol.NewController(cc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Flow: %w", ErrInvalidConfig, err)
 	}
@@ -304,10 +295,6 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	g.gate, err = newGate(g.ctrl, cfg.HTTP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: HTTP: %w", ErrInvalidConfig, err)
-	}
-	if g.credit != nil {
-		g.credit.ctrl.Store(g.ctrl)
-		g.credit.forwarded = &g.gate.forwarded
 	}
 	g.extra = newGatewayCollector(g, mo)
 	return g, nil
@@ -331,9 +318,8 @@ func (g *Gateway) Handler(next http.Handler) http.Handler { return &handler{gate
 // gateway does not know is not counted.
 func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) {
 	if rec := recorderOf(w); rec != nil && rec.gate == g.gate && !rec.forwarded {
-		// From here on the poller counts it: it leaves the gap between
-		// release and forwarding that releaseCredit charges (until the
-		// handler returns, see ServeHTTP).
+		// From here on the poller counts it (the gap between release
+		// and forwarding is exported as a metric).
 		rec.forwarded = true
 		g.gate.forwarded.Add(1)
 	}
@@ -369,13 +355,8 @@ func (g *Gateway) Controller() *flowcontrol.Controller { return g.ctrl }
 func (g *Gateway) Poller() *saturation.Poller { return g.poller }
 
 // Saturation is what the controller reads: the pool's scraped saturation
-// with the in-flight credit, plus the releases not yet forwarded.
-func (g *Gateway) Saturation() float64 {
-	if g.credit != nil {
-		return g.credit.Saturation()
-	}
-	return g.poller.Saturation()
-}
+// with the in-flight credit.
+func (g *Gateway) Saturation() float64 { return g.poller.Saturation() }
 
 // Collector returns the gateway's metrics, to register with a Prometheus
 // registry: flowmetrics' (queue depth, outcomes, waits, saturation, gates
@@ -647,51 +628,9 @@ func (g *Gateway) Close() {
 	_ = g.poller.Close()
 }
 
-// releaseCredit is the controller's saturation source when the in-flight
-// credit is on: the poller's saturation plus the requests the controller
-// has released that the host has not yet Forwarded.
-//
-// Why: the poller credits a request when the host names its endpoint
-// (Forward), but the controller releases it earlier, on its own goroutine,
-// and the request's goroutine forwards it a scheduling delay later. A
-// backlog released in one drain is therefore invisible to the gate that
-// drains it, and Pacing.Recheck would re-read an unchanged saturation (20 of
-// 20 queued requests reached one idle pod in the example proxy's
-// TestProxyBacklogDoesNotFloodOnReopen without this). Controller.InFlight
-// counts a release before its waiter wakes, forwarded counts the released
-// requests handed to the poller and not finished, and their difference is
-// what neither has counted.
-//
-// Each such request is charged as one waiting request on one of the N pods
-// (1/(Q·N) of pool score), what the poller will charge once it is forwarded
-// if the pod's request-count term dominates; where the KV term does, the
-// charge is an overestimate for that brief gap, erring towards gating, and
-// where the prompt-token term does, an underestimate (the poller charges
-// PromptMean/PromptTokenThreshold per request there).
-type releaseCredit struct {
-	poller    *saturation.Poller
-	ctrl      atomic.Pointer[flowcontrol.Controller]
-	forwarded *atomic.Int64 // the gate's: released requests Forwarded and not finished
-	per       float64       // pool score of one waiting request: 1/(Q·N)
-}
+// uncounted is the in-flight hook of a gateway without credit: releases are
+// not counted anywhere.
+type uncounted struct{}
 
-func newReleaseCredit(p *saturation.Poller, queueThreshold float64, pods int) *releaseCredit {
-	if queueThreshold <= 0 {
-		queueThreshold = saturation.DefaultQueueDepthThreshold
-	}
-	return &releaseCredit{poller: p, per: 1 / (queueThreshold * float64(max(pods, 1)))}
-}
-
-// Saturation implements flowcontrol.SaturationSource.
-func (c *releaseCredit) Saturation() float64 {
-	s := c.poller.Saturation()
-	if ctrl := c.ctrl.Load(); ctrl != nil && c.forwarded != nil {
-		if gap := ctrl.InFlight() - c.forwarded.Load(); gap > 0 {
-			s += float64(gap) * c.per
-		}
-	}
-	return s
-}
-
-// ReadingSeq implements flowcontrol.ReadingSource: the poller's readings.
-func (c *releaseCredit) ReadingSeq() uint64 { return c.poller.ReadingSeq() }
+func (uncounted) Inc() {}
+func (uncounted) Dec() {}

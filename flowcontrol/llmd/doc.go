@@ -1,9 +1,10 @@
-// Package llmd reproduces the flow controller of llm-d-router (the dispatch cycle
-// of its processor and its usage-limit policies) over flowgate's band
-// configuration, so that llm-d's discipline and flowgate's can be measured side by
-// side on the same workload, the same pool and the same saturation signal.
+// Package llmd is a reference for comparison, never a gate to deploy: it
+// reproduces the flow controller of llm-d-router (the dispatch cycle of its
+// processor and its usage-limit policies) over flowgate's band configuration, so
+// that llm-d's discipline and flowgate's can be measured side by side on the same
+// workload, the same pool and the same saturation signal.
 //
-// It is a comparison tool, not a gate to deploy: the simulator's llm-d parity
+// The simulator's llm-d parity
 // baselines (examples/sim, policies llmd-static, llmd-soft-reflective and
 // llmd-priority-holdback) are built on it. A proxy gates with package flowcontrol
 // (Controller, or Dispatcher for items of its own type) and flowcontrol/flowhttp.
@@ -25,8 +26,8 @@
 //     empty.
 //   - Soft-reflective halts band 0 at s ≥ 1. SoftReflective gives band 0 the
 //     ceiling 1.0, and the gate is saturation >= ceiling, so at saturation 1 or
-//     more every band halts, band 0 included. flowcontrol.SoftReflective never
-//     gates band 0.
+//     more every band halts, band 0 included. flowcontrol's dispatcher never
+//     gates band 0 unless flowcontrol.Config.BlockCritical.
 //   - A shared duty-cycle counter. Below its reflective ceiling 1 − i·s/(N−1) a
 //     band is open or closed by one counter shared by all gated bands (so they open
 //     together), advanced once per cycle while 0.5 ≤ s < 1, with period
@@ -42,7 +43,8 @@
 // Not modelled: fairness other than llm-d's default global-strict (one FIFO per
 // band; other values of BandConfig.Fairness are refused), byte budgets (MaxBytes is
 // validated, not counted), and anything flowgate adds
-// (bursts, pacing, in-flight credit, admission, the blocking Controller facade).
+// (bursts, the paced reopening, in-flight credit, admission, the blocking
+// Controller facade).
 //
 // # Relation to flowcontrol
 //

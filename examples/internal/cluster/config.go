@@ -24,7 +24,7 @@ const (
 	// Static and SoftReflective are flowgate's policies in flowcontrol.Dispatcher.
 	Static         = "static"
 	SoftReflective = "soft-reflective"
-	// StaticBlockCritical is Static with flowcontrol.StaticConfig.BlockCritical:
+	// StaticBlockCritical is Static with flowcontrol.Config.BlockCritical:
 	// band 0 blocked at and above the threshold like every band (llm-d's
 	// meaning), not paced at MaxCriticalEvery.
 	StaticBlockCritical = "static-block-critical"
@@ -145,10 +145,6 @@ type Config struct {
 	Gateways   int           // independent dispatchers sharing the pool (0 = 1)
 	Tick       time.Duration // dispatcher tick (0 = flowcontrol.DefaultTick)
 	Burst      int           // items per gated band per opportunity (0 = flowcontrol.DefaultBurst)
-	// Pacing is what a gated band's duty cycle counts (zero = ticks); see
-	// flowcontrol.Pacing. Readings are this gateway's scrapes, completions its
-	// requests finishing.
-	Pacing flowcontrol.Pacing
 	// SharedInFlight models gateway replicas sharing their in-flight view
 	// (saturation/redisshare): every SharedInFlight each gateway refreshes its copy of
 	// the other gateways' in-flight counts per replica, which routing and the in-flight
@@ -189,6 +185,11 @@ type Config struct {
 	// shed with probability min(1, 300·s^5)) in front of each gateway's queue.
 	Admission bool
 	Credit    bool // count dispatched-but-invisible requests as waiting (flowgate's gateways; llm-d parity has none)
+	// PlainController models flowgate's rows as a plain flowcontrol.Controller over a
+	// saturation.Poller (no flowhttp.Gateway): the poller learns of releases from the
+	// controller but not where each went, so it credits them to the pool
+	// (saturation.Scorer.PoolReleased) instead of to each pod. Credit is then ignored.
+	PlainController bool
 	// QueueThreshold and KVThreshold are the flowgate gateways' saturation.Scorer
 	// thresholds (0 = the reference 5 and 0.8, which the llm-d baselines and the
 	// admitter always use).

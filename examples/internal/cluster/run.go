@@ -188,10 +188,6 @@ func (a admitSource) Saturation() float64 {
 	return saturation.Scorer{}.Pool(a.g.readings, a.s.nowTime())
 }
 
-// ReadingSeq counts the gateway's scrapes (flowcontrol.ReadingSource), for
-// Pacing.Readings.
-func (src source) ReadingSeq() uint64 { return src.g.scrapes }
-
 // The value is cached: it is a pure function of the readings and of which of them are
 // stale (now − At > Staleness), so it is recomputed only after the readings change
 // (readVer) or once the virtual clock passes the first reading's staleness deadline.
@@ -204,6 +200,12 @@ func (src source) Saturation() float64 {
 	switch {
 	case s.cfg.MaxOverReplicas && s.cfg.flowgate():
 		v = s.scorer.PoolMax(g.readings, s.nowTime()) // a host's own scoring
+	case s.cfg.PlainController && s.cfg.flowgate():
+		var released int64
+		for _, n := range g.inflight {
+			released += n
+		}
+		v = s.scorer.PoolReleased(g.readings, s.nowTime(), released)
 	default:
 		// With the credit this is what the Gateway's poller reads too: its live
 		// credit is Scorer.Pool's exact one (saturation/credit.go).
@@ -240,7 +242,7 @@ func run(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg:    cfg,
 		base:   time.Unix(0, 0).UTC(),
-		scorer: saturation.Scorer{InFlightCredit: cfg.Credit && cfg.flowgate()}, // llm-d parity has no credit
+		scorer: saturation.Scorer{InFlightCredit: cfg.Credit && cfg.flowgate() && !cfg.PlainController}, // llm-d parity has no credit
 		tick:   int64(cfg.Tick),
 		window: int64(cfg.Duration),
 	}
@@ -251,14 +253,8 @@ func run(cfg Config) (*sim, error) {
 		s.scorer.QueueDepthThreshold, s.scorer.KVUtilThreshold = cfg.QueueThreshold, cfg.KVThreshold
 		s.scorer.Projection, s.scorer.PromptTokenThreshold = cfg.Projection, cfg.PromptTokens
 	}
-	if cfg.Policy == Static {
+	if cfg.Policy == Static || cfg.Policy == StaticBlockCritical {
 		s.policy = flowcontrol.NewStatic(flowcontrol.DefaultStaticThreshold)
-	} else if cfg.Policy == StaticBlockCritical {
-		p, err := flowcontrol.NewStaticConfig(flowcontrol.StaticConfig{BlockCritical: true})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
-		}
-		s.policy = p
 	} else if cfg.Policy == SoftReflective {
 		s.policy = flowcontrol.NewSoftReflective()
 	} else if cfg.Policy == PriorityHoldback {
@@ -408,7 +404,8 @@ func (s *sim) newGatewayQueue(gw *gateway, gi int32) error {
 				Burst:  cfg.Burst,
 				Tick:   cfg.Tick,
 				Now:    s.nowTime,
-				Pacing: cfg.Pacing,
+				// llm-d's meaning of a ceiling: band 0 gated too.
+				BlockCritical: cfg.Policy == StaticBlockCritical,
 			},
 			Dispatch:  func(band int, id int32) { s.dispatch(gi, band, id) },
 			OnDrop:    onDrop,
@@ -529,13 +526,6 @@ func (s *sim) catchUpTo(g *gateway, last int64) {
 		return
 	}
 	switch {
-	case g.d != nil && s.cfg.Pacing != (flowcontrol.Pacing{}):
-		// Under pacing the skipped ticks may hold floor opportunities:
-		// Skip counts all but the last exactly, and the last is run (so
-		// the gates are read even if no tick ran before), as Run does
-		// when it wakes.
-		g.d.Skip(last - g.lastTick - 1)
-		g.d.Step()
 	case g.d != nil:
 		n := min(last-g.lastTick, int64(s.cfg.CatchUp))
 		for range n {
@@ -557,7 +547,10 @@ func (s *sim) canRelease(g *gateway) bool {
 	case g.d != nil:
 		sat := flowcontrol.Sanitize(source{s, g}.Saturation())
 		for b := range bands {
-			if g.queued[b] > 0 && s.policy.Gate(b, bands, sat).Every > 0 {
+			// Band 0 is never gated unless BlockCritical (the
+			// dispatcher's critical guarantee).
+			critical := b == 0 && s.cfg.Policy != StaticBlockCritical
+			if g.queued[b] > 0 && (critical || s.policy.Gate(b, bands, sat).Every > 0) {
 				return true
 			}
 		}
@@ -638,7 +631,7 @@ func (s *sim) arrive(g *gateway, gi int32) {
 		s.enqueued(g, band)
 		// Run wakes on Enqueue and polls: an open band with burst left this tick
 		// releases the item at once.
-		g.d.Poll()
+		g.d.Flush()
 	default:
 		if err := g.l.Enqueue(band, id); err != nil {
 			s.reqs[id].rejected = true
@@ -744,7 +737,7 @@ func (s *sim) timeout(id int32) {
 		switch {
 		case g.d != nil:
 			g.d.Abandon(band)
-			g.d.Poll() // Run polls at once after Abandon
+			g.d.Flush() // Run polls at once after Abandon
 		case g.l != nil:
 			g.l.Abandon(band)
 		}
@@ -1015,12 +1008,6 @@ func (s *sim) stepEnd(r int) {
 			g := s.gws[q.gw]
 			s.catchUp(g)
 			s.moveInflight(q.gw, r, -1)
-			if g.d != nil && s.cfg.Pacing.Completions {
-				// A completion is an opportunity: Run would wake
-				// and poll at once.
-				g.d.Complete()
-				g.d.Poll()
-			}
 			s.schedule(g, q.gw)
 		}
 	}
