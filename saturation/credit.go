@@ -325,7 +325,7 @@ func (p *Poller) InFlight(endpoint string) int64 {
 func (p *Poller) Unbalanced() uint64 { return p.live.unbalanced.Load() }
 
 // ReadingSeq returns the number of scrape results applied so far (Run's
-// and Poll's, failures included: a failed scrape may change the pod's
+// and Scrape's, failures included: a failed scrape may change the pod's
 // score too). It only grows. A dispatcher that paces releases by reading
 // compares it with the value it saw last: a change means at least one pod's
 // reading changed since. Rescores (ageing) and in-flight credit do not

@@ -99,16 +99,16 @@
 // Timeout and TimeoutLatencyFactor (4) times the median scrape latency, at
 // most MaxTimeoutGrowth (10) times Timeout. Staleness is judged against
 // that achieved cadence: the time the poller itself kept a pod waiting
-// (for a slot, for a Poll round to come back to it, on its failed scrapes)
+// (for a slot, for a Scrape round to come back to it, on its failed scrapes)
 // does not age the pod's reading, so a healthy pod is never stale because
 // of the poller's backlog; a pod that fails ceil(Staleness/Interval) scrapes
 // in a row (4 by default) ages on the plain clock again and scores 1.
 // Poller.Stats reports the usable pods, the per-pod interval achieved (mean
 // and max), the median latency and the effective timeout; PodReading.Interval
 // and PodReading.Owed give them per pod. Once Run returns the pool reads 1,
-// whatever is rescored, until a Poll.
+// whatever is rescored, until a Scrape.
 //
-// Poll runs one synchronous round, for tests and simulations;
+// Poller.Scrape runs one synchronous round, for tests and simulations;
 // Scorer's methods are pure (time is an argument), so a simulator scores its
 // model on virtual time without a poller at all.
 //

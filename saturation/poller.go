@@ -85,7 +85,7 @@ type PollerConfig struct {
 	// after MaxTimeoutGrowth (10) times Timeout (Poller.Stats reports it).
 	Timeout time.Duration
 	// MaxConcurrency bounds the scrapes in flight at once, over Run and
-	// Poll together; >= 0. Default DefaultMaxConcurrency (64).
+	// Scrape together; >= 0. Default DefaultMaxConcurrency (64).
 	MaxConcurrency int
 	// MaxBodyBytes caps the body read from one scrape; a longer body
 	// fails with ErrBodyTooLarge. Default 4 MiB.
@@ -189,7 +189,7 @@ type PodReading struct {
 	// Owed is how much of the reading's age, at the pod's last scoring,
 	// was the poller's own backlog rather than the pod's (see Poller:
 	// the wait since its next scrape fell due, the time spent on its
-	// failed scrapes, the rest of a Poll round, reading the body after
+	// failed scrapes, the rest of a Scrape round, reading the body after
 	// the headers' timestamp), which its staleness does not count. It is
 	// zero once the pod has failed ceil(Staleness/Interval) scrapes in a
 	// row.
@@ -206,13 +206,13 @@ type pod struct {
 	cr         *credit // live in-flight count and credit threshold
 	peers      int64   // PeerInFlight at the pod's last scoring
 	stop       context.CancelFunc
-	// pendingSince is the start of the Poll round whose scrape of the pod
+	// pendingSince is the start of the Scrape round whose scrape of the pod
 	// is still to come (zero: none); under Run the due time follows from
 	// the schedule instead (see dueLocked).
 	pendingSince time.Time
 	// owed is the backlog already spent on the pod since its last good
 	// reading (the body read after its timestamp, then each failed
-	// scrape from when it fell due, and the rest of each Poll round),
+	// scrape from when it fell due, and the rest of each Scrape round),
 	// subtracted from the reading's age.
 	owed time.Duration
 }
@@ -232,8 +232,8 @@ type pod struct {
 // Drive it with Run (or Start/Close): each endpoint is scraped every
 // Interval on its own schedule, each scrape under its own Timeout, at most
 // MaxConcurrency at once, and the pool is rescored every Interval. Or call
-// Poll for one synchronous round (tests, simulations). No goroutine outlives
-// Poll, Run or Close. The zero value is not usable; call NewPoller.
+// Scrape for one synchronous round (tests, simulations). No goroutine outlives
+// Scrape, Run or Close. The zero value is not usable; call NewPoller.
 //
 // # Staleness against the cadence achieved
 //
@@ -243,9 +243,9 @@ type pod struct {
 // node slows every scrape. The poller then reaches each pod less often,
 // and that is its own backlog, not the pod's age: a pod is judged as of when its next scrape fell due (under Run an
 // Interval after its last one started, or at that one's result if later;
-// under Poll the round's start) for as long as the poller is behind on it,
+// under Scrape the round's start) for as long as the poller is behind on it,
 // and the time the poller spent on it since its last good reading (waits
-// for a slot, failed scrapes, the rest of a Poll round, reading the body
+// for a slot, failed scrapes, the rest of a Scrape round, reading the body
 // after the headers' timestamp) is not counted in its age either
 // (PodReading.Owed). So a healthy pod stays usable at any pool size and
 // cadence, and Stats reports the cadence (Interval, MaxInterval) and the
@@ -265,7 +265,7 @@ type Poller struct {
 	live liveCredit    // the pool value: snapshot, live excess, reading count
 	sem  chan struct{} // one token per scrape in flight
 
-	round sync.Mutex // serialises Poll calls
+	round sync.Mutex // serialises Scrape calls
 
 	mu    sync.Mutex // guards everything below it up to life
 	pods  map[string]*pod
@@ -277,10 +277,10 @@ type Poller struct {
 	n, inf int
 	usable int       // pods Usable at their last scoring
 	run    *runState // non-nil while Run runs
-	// stopped: Run has returned (or Close stopped a Start) and no Poll
+	// stopped: Run has returned (or Close stopped a Start) and no Scrape
 	// has run since: the pool reads 1 whatever is rescored.
 	stopped   bool
-	lastRound time.Duration // length of the last Poll round (Stats)
+	lastRound time.Duration // length of the last Scrape round (Stats)
 	lat       latency       // the scrapes' latency, and the timeout it allows
 	// missK is how many scrapes in a row a pod may fail before its
 	// reading ages on the plain clock: ceil(Staleness / Interval).
@@ -484,11 +484,11 @@ func (p *Poller) AppendReadings(dst []PodReading) []PodReading {
 // Rescore recomputes the saturation from the readings held, with the current
 // clock, without scraping: readings age (a pod whose reading passes
 // Scorer.Staleness, less what the poller owes it — see Poller — scores 1
-// from here). Run rescores every Interval and every Poll ends with one; the
+// from here). Run rescores every Interval and every Scrape ends with one; the
 // result equals Scorer.Pool over the readings with their in-flight counts,
 // each judged at its own instant (now less PodReading.Owed). Once Run has
 // returned (or Close stopped a Start) the pool keeps reading 1, Rescore or
-// not, until a Poll reads the pods again. It takes the poller's lock and
+// not, until a Scrape reads the pods again. It takes the poller's lock and
 // costs O(pods):
 // it is not needed for the in-flight credit of Dispatched and Finished,
 // which moves the saturation at once; only the deprecated PollerConfig.InFlight
@@ -565,7 +565,7 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 // dueLocked returns when the poller owed pd its next scrape (zero: not
 // known, or not owed): under Run, an Interval after its last scrape started,
 // or at that scrape's result if it came later (the worker's ticker drops the
-// ticks it missed, so the next scrape is due at once); under Poll, the start
+// ticks it missed, so the next scrape is due at once); under Scrape, the start
 // of the round in progress. It is derived from the schedule, not from when
 // the worker goroutine gets to run, so a starved scheduler's delay counts as
 // the poller's backlog too.
@@ -643,7 +643,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	p.mu.Lock()
 	if p.pods[pd.Endpoint] != pd || res.start.Before(pd.lastStart) {
 		// Removed by SetEndpoints meanwhile, or overtaken by a newer
-		// scrape of the same pod (a Poll beside Run).
+		// scrape of the same pod (a Scrape beside Run).
 		p.mu.Unlock()
 		return
 	}
@@ -699,7 +699,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 
 // scrapeAndApply takes a concurrency slot, scrapes pd and applies the
 // result. A result cut short because ctx ended is applied only when
-// applyCancelled (Poll reports it; a stopping worker drops it).
+// applyCancelled (Scrape reports it; a stopping worker drops it).
 func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled bool) error {
 	var res scrapeResult
 	select {
@@ -721,13 +721,13 @@ func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled boo
 	return res.err
 }
 
-// Poll runs one round synchronously: it scrapes every endpoint (at most
+// Scrape runs one round synchronously: it scrapes every endpoint (at most
 // MaxConcurrency at once, each bounded by Timeout and by ctx), applying each
 // result as it arrives, then rescores. It returns the round's scrape errors
 // joined in endpoint order (nil if every scrape succeeded); the saturation
-// is updated either way. Polls never overlap: a Poll during another waits
-// for it. A Poll beside Run shares Run's concurrency slots.
-func (p *Poller) Poll(ctx context.Context) error {
+// is updated either way. Rounds never overlap: a Scrape during another waits
+// for it. A Scrape beside Run shares Run's concurrency slots.
+func (p *Poller) Scrape(ctx context.Context) error {
 	p.round.Lock()
 	defer p.round.Unlock()
 
@@ -855,7 +855,7 @@ func (c *cappedReader) Read(b []byte) (int, error) {
 // PollerConfig.Interval), and rescores the pool every Interval, until ctx is
 // done; then it returns ctx.Err(). It fails with ErrRunning if the poller is
 // already running. When it returns, the saturation reads 1 (and keeps
-// reading 1 through Rescore and SetEndpoints, until a Poll) and no goroutine
+// reading 1 through Rescore and SetEndpoints, until a Scrape) and no goroutine
 // it started is left.
 func (p *Poller) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {

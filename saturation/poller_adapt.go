@@ -88,7 +88,7 @@ type PollerStats struct {
 	// or TimeoutLatencyFactor·Latency when that is longer, at most
 	// MaxTimeoutGrowth·PollerConfig.Timeout.
 	Timeout time.Duration
-	// Round is the length of the last Poll round (zero if none).
+	// Round is the length of the last Scrape round (zero if none).
 	Round time.Duration
 }
 
