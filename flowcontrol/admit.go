@@ -31,12 +31,14 @@ type Admitter interface {
 	Admit(band, bands int) bool
 }
 
-// Defaults of ProbabilisticConfig, llm-d's probabilistic admitter: at
-// saturation s a sheddable request is refused with probability
-// min(1, 300·s^5), which is 0.3 % at s = 0.1, 9.6 % at 0.2, 72.9 % at 0.3
-// and 100 % from s = 300^(−1/5) ≈ 0.3196 up.
+// Defaults of ProbabilisticConfig, those of llm-d's probabilistic admitter:
+// at saturation s a sheddable request is refused with probability
+// min(1, DefaultShedK·s^DefaultShedPower), which sheds little at low
+// saturation and every sheddable request from s = 300^(−1/5) up.
 const (
-	DefaultShedK     = 300
+	// DefaultShedK is ProbabilisticConfig.K's default.
+	DefaultShedK = 300
+	// DefaultShedPower is ProbabilisticConfig.Power's default.
 	DefaultShedPower = 5
 )
 
@@ -52,10 +54,11 @@ type ProbabilisticConfig struct {
 	// source.) Required.
 	Source SaturationSource
 	// K scales the refusal probability min(1, K·s^Power): finite and > 0.
-	// 0 means DefaultShedK (300).
+	// 0 means DefaultShedK.
 	K float64
-	// Power is the exponent of s: finite and > 0. 0 means
-	// DefaultShedPower (5).
+	// Power is the exponent of s: finite and > 0; a higher power sheds
+	// less at low saturation and more steeply near the top. 0 means
+	// DefaultShedPower.
 	Power float64
 	// FirstSheddable is the most critical band that may be shed: bands
 	// FirstSheddable and above are sheddable, the ones before are always
@@ -67,9 +70,9 @@ type ProbabilisticConfig struct {
 	// least two), whatever FirstSheddable says.
 	LastBandOnly bool
 	// Rand is the randomness of the refusals. Nil means math/rand/v2's
-	// global generator (safe for concurrent use, no lock). A source given
-	// here (rand.NewPCG(seed1, seed2), say) makes the refusals
-	// deterministic for tests and simulations; it is drawn from under a
+	// global generator (safe for concurrent use, no lock). A seeded source
+	// given here (a rand.PCG, say) makes the refusals deterministic for
+	// tests and simulations; it is drawn from under a
 	// mutex, once per sheddable Admit whose probability lies strictly
 	// between 0 and 1, and never otherwise.
 	Rand rand.Source

@@ -12,8 +12,8 @@ import (
 //
 // Why not sync.Map: every EnqueueFlow of a flow band looks its flow up, and
 // at thousands of flows sync.Map's hash trie costs a chain of dependent
-// pointer loads (one per trie level) per item, most of them cache misses;
-// it was a third of the time of BenchmarkDispatcher at 10,000 flows. Here a
+// pointer loads (one per trie level) per item, most of them cache misses,
+// and they dominated the dispatcher's time with many flows. Here a
 // lookup is one hash and, nearly always, one slot: an open-addressed table
 // (linear probing, at most three quarters full) whose slots hold the id's
 // hash beside the flow, so a probe that misses does not touch the flow, and

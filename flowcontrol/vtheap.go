@@ -6,13 +6,14 @@ package flowcontrol
 //
 // Why not a binary heap of *flow comparing through the pointers: with many
 // flows every item of a fair-share band activates, releases and retires a
-// flow, and each sift compared keys two pointer loads away, which were half
-// of the heap's time at 10,000 flows. Here the keys sit in the heap's own
-// array (a comparison touches no flow; only a move writes the moved flow's
-// index), the heap is 4-ary (half the depth of a binary one, and a node's
-// four children share one or two cache lines), and sifts move a hole
-// instead of swapping (a removal's bottom-up: see downLeaf). A flow's order never changes while it is in the
-// heap; its start tag changes only through fix.
+// flow, and each sift compared keys two pointer loads away, cache misses
+// that dominated the heap's time with many flows. Here the keys sit in the
+// heap's own array (a comparison touches no flow; only a move writes the
+// moved flow's index), the heap is 4-ary (half the depth of a binary one,
+// and a node's four children share one or two cache lines), and sifts move
+// a hole instead of swapping (a removal's bottom-up: see downLeaf). A
+// flow's order never changes while it is in the heap; its start tag
+// changes only through fix.
 type vtHeap[T any] struct {
 	h []vtItem[T]
 }

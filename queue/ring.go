@@ -58,11 +58,10 @@ type cell[T any] struct {
 // steps) makes consumers see the ring as empty at that cell until it runs
 // again, even if later cells are full. FIFO order is kept at the price of
 // that stall, which lasts as long as the producer waits for a CPU, up to a
-// scheduler time slice (BenchmarkRingStall in the module's bench_test.go
-// measures it; the README quotes its figures). A consumer must
-// therefore treat a failed TryPop as "nothing available now", not as "the
-// ring is empty" (Len tells those apart), and should not spin on it: a
-// spinning consumer takes the CPU the stalled producer needs.
+// scheduler time slice (see queue/README.md). A consumer must therefore
+// treat a failed TryPop as "nothing available now", not as "the ring is
+// empty" (Len tells those apart), and should not spin on it: a spinning
+// consumer takes the CPU the stalled producer needs.
 type Ring[T any] struct {
 	_     cacheLinePad
 	enq   atomic.Uint64 // next position to push; written only by producers

@@ -327,8 +327,8 @@ func (p *Poller) Dec() {
 // With Scorer.InFlightCredit the pod's score is then, at once, Scorer.Pod
 // of its last reading with InFlight the live count: the request counts as
 // a waiting one in every term, the prompt-token term included (exact up to
-// 2^−25, see Saturation). Without
-// it the count is kept (Readings shows it) but not scored. Call Finished
+// 2^−25, see Saturation). Without it the count is kept (Readings shows it)
+// but not scored. Call Finished
 // once for every Dispatched that returned true, when the request ends.
 //
 // When PollerConfig.InFlight is set, that hook supplies the counts instead
@@ -382,13 +382,13 @@ func (p *Poller) InFlight(endpoint string) int64 {
 }
 
 // Unbalanced counts Finished calls that found no request in flight on their
-// endpoint, and Dispatched calls beyond 16,777,215 requests in flight to one
+// endpoint, and Dispatched calls beyond 2^24 − 1 requests in flight to one
 // endpoint; both were ignored. Non-zero means the host's bookkeeping is
 // wrong; export it as an error metric.
 func (p *Poller) Unbalanced() uint64 { return p.live.unbalanced.Load() }
 
 // ReadingSeq returns the number of scrape results applied so far (Run's
-// and Poll's, failures included: a failed scrape may change the pod's
+// and Scrape's, failures included: a failed scrape may change the pod's
 // score too). It only grows. A dispatcher that paces releases by reading
 // compares it with the value it saw last: a change means at least one pod's
 // reading changed since. Rescores (ageing) and in-flight credit do not

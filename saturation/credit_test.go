@@ -20,7 +20,7 @@ type tb interface {
 }
 
 // inject applies a scrape result to endpoint ep as if a scrape had returned
-// it (no HTTP): the result path Run and Poll use.
+// it (no HTTP): the result path Run and Scrape use.
 func inject(t tb, p *Poller, ep string, r Reading, err error) {
 	t.Helper()
 	p.mu.Lock()

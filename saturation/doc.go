@@ -48,8 +48,7 @@
 //	pod  = max(waiting / QueueDepthThreshold, kv / KVUtilThreshold)   defaults 5 and 0.8
 //	pool = unweighted mean of pod over the pods
 //
-// A pod whose reading is stale (older than Scorer.Staleness, default
-// 200 ms), missing (never scraped, or failed with FailFast), or unusable (a
+// A pod whose reading is stale (older than Scorer.Staleness), missing (never scraped, or failed with FailFast), or unusable (a
 // NaN, infinite or negative value) scores 1.0, as if full: a pod the poller
 // cannot see is not assumed idle. PodReading.Reason records why a pod is not
 // usable. Scorer.IgnoreStale leaves such pods out of the mean instead. A
@@ -62,8 +61,8 @@
 // waiting requests by their prompt tokens (flowhttp.Gateway ships it at
 // DefaultPromptTokenThreshold), Scorer.Projection scores KV usage at the
 // running requests' expected completion or steady batch, and
-// Scorer.PoolMax takes the most saturated pod instead of the mean. The
-// simulator's sweep (examples/sim/README.md) chose among them.
+// Scorer.PoolMax takes the most saturated pod instead of the mean
+// (examples/sim/README.md compares them).
 //
 // In-flight credit (Scorer.InFlightCredit) closes the gap between a dispatch
 // and the next scrape: requests this host has sent to a pod beyond what the
@@ -75,16 +74,13 @@
 // the pool's value as it is released instead of when the pods' metrics finally
 // show it. The credit is Scorer.Pod's: a credited request counts as a
 // waiting one in every term, the prompt-token term included. Saturation
-// stays O(1) in the number of pods: the credit of a pod is a hinge in its
-// count (0 up to a threshold fixed by its last reading, then the pod's own
-// slope per request, max(1/QueueDepthThreshold, PromptMean /
-// PromptTokenThreshold)), and the pool keeps the sum of the hinges in one
-// atomic integer (Poller.Saturation states the precision). The older
-// PollerConfig.InFlight hook, read only at scrape results and rescores, is
-// deprecated. Requests other gateway replicas have in flight (the shared view
-// of package redisshare) go in PollerConfig.PeerInFlight, read at results and
-// rescores: they shift each pod's threshold, so the own part stays O(1). Poller.ReadingSeq counts the scrape results applied, so a
-// dispatcher can tell when a new reading arrived.
+// stays O(1) in the number of pods (Poller.Saturation states the
+// precision). The older PollerConfig.InFlight hook, read only at scrape
+// results and rescores, is deprecated. Requests other gateway replicas have
+// in flight (the shared view of package redisshare) go in
+// PollerConfig.PeerInFlight, read at results and rescores.
+// Poller.ReadingSeq counts the scrape results applied, so a dispatcher can
+// tell when a new reading arrived.
 //
 // Run scrapes every endpoint on its own schedule, every Interval, with the
 // endpoints' phases spread over the first interval; each scrape runs under
@@ -96,19 +92,19 @@
 // The schedule adapts to what the machine sustains. A pool larger than it
 // can scrape every Interval is reached less often, each pod in turn; a busy
 // node slows every scrape, and the effective timeout follows: the longer of
-// Timeout and TimeoutLatencyFactor (4) times the median scrape latency, at
-// most MaxTimeoutGrowth (10) times Timeout. Staleness is judged against
-// that achieved cadence: the time the poller itself kept a pod waiting
-// (for a slot, for a Poll round to come back to it, on its failed scrapes)
-// does not age the pod's reading, so a healthy pod is never stale because
-// of the poller's backlog; a pod that fails ceil(Staleness/Interval) scrapes
-// in a row (4 by default) ages on the plain clock again and scores 1.
+// Timeout and TimeoutLatencyFactor times the median scrape latency, at
+// most MaxTimeoutGrowth times Timeout. Staleness is judged against that
+// achieved cadence: the time the poller itself kept a pod waiting (for a
+// slot, for a Scrape round to come back to it, on its failed scrapes) does
+// not age the pod's reading, so a healthy pod is never stale because of the
+// poller's backlog; a pod that fails ceil(Staleness/Interval) scrapes in a
+// row ages on the plain clock again and scores 1.
 // Poller.Stats reports the usable pods, the per-pod interval achieved (mean
 // and max), the median latency and the effective timeout; PodReading.Interval
 // and PodReading.Owed give them per pod. Once Run returns the pool reads 1,
-// whatever is rescored, until a Poll.
+// whatever is rescored, until a Scrape.
 //
-// Poll runs one synchronous round, for tests and simulations;
+// Poller.Scrape runs one synchronous scrape round, for tests and simulations;
 // Scorer's methods are pure (time is an argument), so a simulator scores its
 // model on virtual time without a poller at all.
 //

@@ -12,8 +12,8 @@ import (
 // EWMA smooths another Source with an exponentially weighted moving average
 // whose memory is a half-life in time, not in samples: a reading taken dt
 // after the previous one gets the weight 1 − 2^(−dt/halfLife). Irregular
-// sampling is therefore handled correctly — two reads 1 ms apart move the
-// average far less than two reads 1 s apart — and the result does not depend
+// sampling is therefore handled correctly (two reads close together move the
+// average far less than two reads far apart) and the result does not depend
 // on how often the dispatcher happens to tick. A source that steps from a to
 // b, read at the step and again one half-life later, reads (a+b)/2.
 //

@@ -120,7 +120,7 @@ func ExamplePoller() {
 	fmt.Println(p.Saturation()) // before any scrape: fail safe
 
 	// In a server: go p.Run(ctx), or p.Start() ... p.Close().
-	if err := p.Poll(context.Background()); err != nil {
+	if err := p.Scrape(context.Background()); err != nil {
 		panic(err)
 	}
 	fmt.Printf("%.2f\n", p.Saturation()) // max(1/5, 0.6/0.8)
@@ -146,7 +146,7 @@ func ExamplePoller_Dispatched() {
 		panic(err)
 	}
 	defer p.Close()
-	if err := p.Poll(context.Background()); err != nil {
+	if err := p.Scrape(context.Background()); err != nil {
 		panic(err)
 	}
 	fmt.Printf("reading %d: %.2f\n", p.ReadingSeq(), p.Saturation()) // max(1/5, 0.2/0.8)

@@ -118,7 +118,7 @@ func FuzzNewPoller(f *testing.F) {
 		if s := p.Saturation(); s != 1 {
 			t.Fatalf("saturation before the first round = %v, want 1 (fail safe)", s)
 		}
-		pollErr := p.Poll(context.Background())
+		scrapeErr := p.Scrape(context.Background())
 		failed := false
 		if s := p.Saturation(); !inRangeSat(s) {
 			t.Fatalf("saturation %v out of range", s)
@@ -131,8 +131,8 @@ func FuzzNewPoller(f *testing.F) {
 				continue
 			}
 			failed = true
-			if pollErr == nil || !strings.Contains(pollErr.Error(), r.Err.Error()) {
-				t.Fatalf("Poll = %v, but pod %s failed: %v", pollErr, r.Endpoint, r.Err)
+			if scrapeErr == nil || !strings.Contains(scrapeErr.Error(), r.Err.Error()) {
+				t.Fatalf("Scrape = %v, but pod %s failed: %v", scrapeErr, r.Endpoint, r.Err)
 			}
 			if !strings.HasPrefix(r.Err.Error(), "saturation: ") {
 				t.Fatalf("scrape error %q lacks the package prefix", r.Err)
@@ -144,8 +144,8 @@ func FuzzNewPoller(f *testing.F) {
 				t.Fatalf("FailFast: failed pod %+v not scored 1", r)
 			}
 		}
-		if !failed && pollErr != nil {
-			t.Fatalf("Poll = %v with no failed pod", pollErr)
+		if !failed && scrapeErr != nil {
+			t.Fatalf("Scrape = %v with no failed pod", scrapeErr)
 		}
 		// The live credit agrees with Scorer.Pool over the readings with
 		// the same counts, within its documented bound.

@@ -29,7 +29,7 @@ func fullSize() bool { return os.Getenv("FLOWGATE_FULL") == "1" }
 
 // scalePods is the pool size of the scale tests: 1,000 pods at full size,
 // 300 otherwise, still well above the connection bound of
-// TestPoller1000PodsPoll (DefaultMaxConcurrency = 64) were the poller to
+// TestPoller1000PodsScrape (DefaultMaxConcurrency = 64) were the poller to
 // keep a connection per pod.
 func scalePods(t testing.TB) int {
 	t.Helper()

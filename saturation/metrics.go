@@ -26,7 +26,7 @@ var (
 	ErrBadValue = errors.New("saturation: bad metric value")
 )
 
-// MetricNames maps the three quantities the Scorer needs to metric names.
+// MetricNames maps the quantities the Scorer reads to metric names.
 // Each field lists candidate names in order of preference; the first name
 // present in a scrape is used (so a renamed metric can fall back to its old
 // name). Waiting and KVUsage are required; Running is optional (missing
@@ -38,7 +38,7 @@ type MetricNames struct {
 	// PromptTokens and OutputTokens are the histograms of finished
 	// requests' prompt and output lengths, by base name: their _sum and
 	// _count series give Reading.PromptMean and OutputMean (for
-	// Scorer.ProjectKV). Optional: absent, empty or with a bad value, the
+	// Scorer.Projection and Scorer.PromptTokenThreshold). Optional: absent, empty or with a bad value, the
 	// mean reads 0 (unknown) and the scrape does not fail.
 	PromptTokens []string
 	OutputTokens []string
@@ -498,7 +498,7 @@ func pick(fams map[string]*dto.MetricFamily, candidates []string, useMax bool) (
 
 // histogramMean returns Σ _sum / Σ _count over the series of the first
 // candidate histogram with a positive count; 0 (unknown) when none has one
-// or a value is bad: the mean only refines the score (Scorer.ProjectKV).
+// or a value is bad: the mean only refines the score (Scorer.Projection).
 func histogramMean(fams map[string]*dto.MetricFamily, candidates []string) float64 {
 	for _, name := range candidates {
 		n, ok, err := pick(fams, []string{name + "_count"}, false)

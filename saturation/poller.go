@@ -14,18 +14,23 @@ import (
 	"go.uber.org/atomic"
 )
 
-// Poller defaults.
+// Defaults of PollerConfig.
 const (
-	DefaultInterval     = 50 * time.Millisecond
-	DefaultTimeout      = 100 * time.Millisecond
+	// DefaultInterval is PollerConfig.Interval's default: a few scrapes
+	// fit in DefaultStaleness, so one lost scrape does not fail a pod.
+	DefaultInterval = 50 * time.Millisecond
+	// DefaultTimeout is PollerConfig.Timeout's default: within
+	// DefaultStaleness, so a scrape that times out does not outlive the
+	// reading it would replace.
+	DefaultTimeout = 100 * time.Millisecond
+	// DefaultMaxBodyBytes is PollerConfig.MaxBodyBytes' default, well
+	// above a vLLM metrics page.
 	DefaultMaxBodyBytes = 4 << 20
-	// DefaultMaxConcurrency bounds the scrapes in flight at once. A
-	// scrape mostly waits on the network, so a pool of up to 64 pods is
-	// scraped fully in parallel, as if unbounded; a larger pool is not
-	// allowed to open a socket and hold a body buffer per pod at once (64
-	// sockets stay far inside the common 1,024-descriptor limit, beside
-	// the proxy's own traffic). At 50 ms per endpoint, 64 slots sustain
-	// 1,000 pods as long as a scrape takes under ~3 ms on average.
+	// DefaultMaxConcurrency is PollerConfig.MaxConcurrency's default. A
+	// scrape mostly waits on the network, so a pool up to this size is
+	// scraped fully in parallel; a larger one does not hold a socket and a
+	// body buffer per pod at once, and stays far inside the common
+	// file-descriptor limit.
 	DefaultMaxConcurrency = 64
 )
 
@@ -34,7 +39,8 @@ const (
 	// MinInterval is the shortest Interval: scraping a pod more often
 	// than every millisecond costs more than the reading is worth.
 	MinInterval = time.Millisecond
-	// MaxInterval is the longest Interval.
+	// MaxInterval is the longest Interval, MaxStaleness: a pod scraped
+	// less often could never hold a fresh reading.
 	MaxInterval = time.Hour
 	// MinTimeout is the shortest Timeout: no scrape completes faster.
 	MinTimeout = time.Millisecond
@@ -52,57 +58,59 @@ var (
 	ErrRunning = errors.New("saturation: poller already running")
 )
 
-// PollerConfig configures a Poller. Zero fields take their defaults.
+// PollerConfig configures a Poller. A zero field takes its default.
 type PollerConfig struct {
 	// Endpoints are the full URLs of the pods' metrics pages
-	// ("http://10.0.0.7:8000/metrics"). May be empty; change them at run
-	// time with SetEndpoints.
+	// ("http://10.0.0.7:8000/metrics"). Empty means no pods yet (the pool
+	// reads 1); change them at run time with SetEndpoints.
 	Endpoints []string
-	// Interval between two scrapes of one endpoint in Run, and between
-	// two rescores of the pool (ageing the readings, refreshing in-flight
-	// counts), in [MinInterval, MaxInterval] (1 ms .. 1 h): a shorter
-	// interval would spend a core on scraping, a longer one leaves every
-	// reading stale for most of it. Default 50 ms. Every endpoint runs on its own schedule:
-	// the first scrapes are spread evenly over the first interval, so a
-	// large pool is scraped at a steady rate rather than in bursts; a
-	// scrape that takes longer than Interval delays only its own
-	// endpoint's next one (scrapes of one endpoint never overlap). A pool
-	// larger than the machine can scrape every Interval is reached less
-	// often, each pod in turn (the scrapes wait for a slot in order);
+	// Interval is the time between two scrapes of one endpoint in Run,
+	// and between two rescores of the pool (ageing the readings,
+	// refreshing in-flight counts), in [MinInterval, MaxInterval]: a
+	// shorter one spends a core on scraping, a longer one leaves every
+	// reading stale for most of it. 0 means DefaultInterval.
+	//
+	// Every endpoint runs on its own schedule: the first scrapes are
+	// spread evenly over the first interval, so a large pool is scraped
+	// at a steady rate rather than in bursts; a scrape that takes longer
+	// than Interval delays only its own endpoint's next one (scrapes of
+	// one endpoint never overlap). A pool larger than the machine can
+	// scrape every Interval is reached less often, each pod in turn;
 	// Poller.Stats and PodReading.Interval report the cadence achieved,
 	// and that backlog does not age the readings (see Poller).
 	Interval time.Duration
 	// Timeout bounds one scrape (connect, headers and body), counted from
 	// when the scrape gets one of the MaxConcurrency slots, so waiting for
-	// a slot in a large pool never eats into it. It must lie in
-	// [MinTimeout, Scorer.Staleness]: a scrape allowed to outlast the
-	// staleness would deliver a reading older than the pod's last one
-	// expired, while the pod read as failed. Default 100 ms, or
-	// Scorer.Staleness if that is shorter. It is the floor of the
-	// effective timeout: on a node so busy that healthy scrapes take
-	// longer, a scrape is cut off only after TimeoutLatencyFactor (4)
-	// times the median latency of the recent scrapes, and at the latest
-	// after MaxTimeoutGrowth (10) times Timeout (Poller.Stats reports it).
+	// a slot never eats into it. It must lie in [MinTimeout,
+	// Scorer.Staleness]: a scrape allowed to outlast the staleness would
+	// deliver a reading older than the pod's last one expired. 0 means
+	// DefaultTimeout, or Scorer.Staleness if that is shorter.
+	//
+	// It is the floor of the effective timeout: on a node so busy that
+	// healthy scrapes take longer, a scrape is cut off only after
+	// TimeoutLatencyFactor times the median latency of the recent scrapes,
+	// and at the latest after MaxTimeoutGrowth times Timeout (Poller.Stats
+	// reports it).
 	Timeout time.Duration
 	// MaxConcurrency bounds the scrapes in flight at once, over Run and
-	// Poll together; >= 0. Default DefaultMaxConcurrency (64).
+	// Scrape together; >= 0. 0 means DefaultMaxConcurrency.
 	MaxConcurrency int
 	// MaxBodyBytes caps the body read from one scrape; a longer body
-	// fails with ErrBodyTooLarge. Default 4 MiB.
+	// fails with ErrBodyTooLarge. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// Client performs the requests. Default: a client of the poller's own
-	// that keeps one idle connection per pod (up to MaxConcurrency per
-	// host), so a pod scraped every Interval is not reconnected every
-	// time; its idle connections are closed when Run returns.
+	// Client performs the requests. Nil means a client of the poller's
+	// own that keeps one idle connection per pod (up to MaxConcurrency
+	// per host), so a pod is not reconnected at every scrape; its idle
+	// connections are closed when Run returns.
 	Client *http.Client
-	// Now is the clock used to stamp readings and judge staleness.
-	// Default time.Now. Run's schedule runs on the runtime's timers
+	// Now is the clock used to stamp readings and judge staleness. Nil
+	// means time.Now. Run's schedule runs on the runtime's timers
 	// regardless (testing/synctest fakes both).
 	Now func() time.Time
 	// Scorer turns readings into saturation; the zero value is the
 	// reference formula (see Scorer).
 	Scorer Scorer
-	// Metrics names the metrics to read. Zero value: VLLM().
+	// Metrics names the metrics to read. The zero value means VLLM().
 	Metrics MetricNames
 	// InFlight, when set, returns the number of requests this host has
 	// in flight to an endpoint; it feeds Reading.InFlight, which the
@@ -129,8 +137,8 @@ type PollerConfig struct {
 	// fast and do not call the poller from it. A negative value counts as
 	// 0. It cannot be combined with InFlight.
 	PeerInFlight func(endpoint string) int64
-	// FailFast scores a pod 1 as soon as one scrape fails. By default a
-	// failed scrape keeps the pod's last good reading until it is older
+	// FailFast scores a pod 1 as soon as one scrape fails. When false
+	// (the default) a failed scrape keeps the pod's last good reading until it is older
 	// than Scorer.Staleness, so one lost scrape does not jolt the pool.
 	// A scrape that succeeds but reports a NaN, infinite or negative
 	// value (ErrBadValue) scores the pod 1 at once either way: the pod
@@ -153,6 +161,7 @@ const (
 
 // PodReading is a snapshot of one pod's state, for logs and metrics.
 type PodReading struct {
+	// Endpoint is the pod's metrics URL, as given to the poller.
 	Endpoint string
 	// Reading is the last good reading (OK false if none, or after a
 	// failure with FailFast or a bad value), with InFlight the pod's
@@ -189,7 +198,7 @@ type PodReading struct {
 	// Owed is how much of the reading's age, at the pod's last scoring,
 	// was the poller's own backlog rather than the pod's (see Poller:
 	// the wait since its next scrape fell due, the time spent on its
-	// failed scrapes, the rest of a Poll round, reading the body after
+	// failed scrapes, the rest of a Scrape round, reading the body after
 	// the headers' timestamp), which its staleness does not count. It is
 	// zero once the pod has failed ceil(Staleness/Interval) scrapes in a
 	// row.
@@ -210,13 +219,13 @@ type pod struct {
 	// scoring +Inf).
 	relT, relM float64
 	stop       context.CancelFunc
-	// pendingSince is the start of the Poll round whose scrape of the pod
+	// pendingSince is the start of the Scrape round whose scrape of the pod
 	// is still to come (zero: none); under Run the due time follows from
 	// the schedule instead (see dueLocked).
 	pendingSince time.Time
 	// owed is the backlog already spent on the pod since its last good
 	// reading (the body read after its timestamp, then each failed
-	// scrape from when it fell due, and the rest of each Poll round),
+	// scrape from when it fell due, and the rest of each Scrape round),
 	// subtracted from the reading's age.
 	owed time.Duration
 }
@@ -236,31 +245,31 @@ type pod struct {
 // Drive it with Run (or Start/Close): each endpoint is scraped every
 // Interval on its own schedule, each scrape under its own Timeout, at most
 // MaxConcurrency at once, and the pool is rescored every Interval. Or call
-// Poll for one synchronous round (tests, simulations). No goroutine outlives
-// Poll, Run or Close. The zero value is not usable; call NewPoller.
+// Scrape for one synchronous round (tests, simulations). No goroutine
+// outlives Scrape, Run or Close. The zero value is not usable; call
+// NewPoller.
 //
 // # Staleness against the cadence achieved
 //
-// A pool can be more than the machine scrapes every Interval (a scrape of a
-// 43 KB vLLM page costs ~330 µs of CPU, client and server: 1,000 pods every
-// 50 ms would take ~7 cores; see BenchmarkPollerScrape43KB), and a busy
-// node slows every scrape. The poller then reaches each pod less often,
-// and that is its own backlog, not the pod's age: a pod is judged as of when its next scrape fell due (under Run an
-// Interval after its last one started, or at that one's result if later;
-// under Poll the round's start) for as long as the poller is behind on it,
-// and the time the poller spent on it since its last good reading (waits
-// for a slot, failed scrapes, the rest of a Poll round, reading the body
-// after the headers' timestamp) is not counted in its age either
-// (PodReading.Owed). So a healthy pod stays usable at any pool size and
-// cadence, and Stats reports the cadence (Interval, MaxInterval) and the
-// effective timeout. A pod that really fails still scores 1: a bad value at
-// once, FailFast at the first failure, and otherwise once it has failed
-// ceil(Staleness/Interval) scrapes in a row (4 by default), from which its
-// reading ages on the plain clock again. A pod answering errors at once is
-// thus at 1 about Staleness after its last good reading while the poller
-// keeps up, and after 4 of its turns when it does not; a pod that hangs,
-// after 4 timeouts (4 × 100 ms by default, up to 4 × 1 s on a node so slow
-// that the timeout has grown).
+// A pool can be more than the machine scrapes every Interval, and a busy
+// node slows every scrape. The poller then reaches each pod less often, and
+// that is its own backlog, not the pod's age: a pod is judged as of when
+// its next scrape fell due (under Run an Interval after its last one
+// started, or at that one's result if later; under Scrape the round's
+// start) for as long as the poller is behind on it, and the time the poller
+// spent on it since its last good reading (waits for a slot, failed
+// scrapes, the rest of a Scrape round, reading the body after the headers'
+// timestamp) is not counted in its age either (PodReading.Owed). So a
+// healthy pod stays usable at any pool size and cadence; Stats reports the
+// cadence (Interval, MaxInterval) and the effective timeout.
+//
+// A pod that really fails still scores 1: a bad value at once, FailFast at
+// the first failure, and otherwise once it has failed
+// ceil(Staleness/Interval) scrapes in a row, from which its reading ages on
+// the plain clock again. A pod answering errors at once is thus at 1 about
+// Staleness after its last good reading while the poller keeps up, and
+// after that many of its turns when it does not; a pod that hangs, after as
+// many (effective) timeouts.
 type Poller struct {
 	cfg     PollerConfig
 	scorer  Scorer
@@ -269,7 +278,7 @@ type Poller struct {
 	live liveCredit    // the pool value: snapshot, live excess, reading count
 	sem  chan struct{} // one token per scrape in flight
 
-	round sync.Mutex // serialises Poll calls
+	round sync.Mutex // serialises Scrape calls
 
 	mu    sync.Mutex // guards everything below it up to life
 	pods  map[string]*pod
@@ -285,10 +294,10 @@ type Poller struct {
 	relT, relM float64
 	relK       int
 	run        *runState // non-nil while Run runs
-	// stopped: Run has returned (or Close stopped a Start) and no Poll
+	// stopped: Run has returned (or Close stopped a Start) and no Scrape
 	// has run since: the pool reads 1 whatever is rescored.
 	stopped   bool
-	lastRound time.Duration // length of the last Poll round (Stats)
+	lastRound time.Duration // length of the last Scrape round (Stats)
 	lat       latency       // the scrapes' latency, and the timeout it allows
 	// missK is how many scrapes in a row a pod may fail before its
 	// reading ages on the plain clock: ceil(Staleness / Interval).
@@ -309,8 +318,9 @@ type runState struct {
 	wg  sync.WaitGroup
 }
 
-// NewPoller validates cfg, applies defaults and returns a stopped poller
-// reporting 1. Errors wrap ErrInvalidConfig and name the field.
+// NewPoller validates cfg, applies the defaults and returns a stopped poller
+// whose Saturation reads 1 until its first scrape result. Errors wrap
+// ErrInvalidConfig and name the field.
 func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.Interval != 0 && (cfg.Interval < MinInterval || cfg.Interval > MaxInterval) {
 		return nil, fmt.Errorf("%w: PollerConfig.Interval must be in [%v, %v] (0 = default %v), got %v",
@@ -386,10 +396,10 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 // At rest (no Dispatched, Finished or result half applied) it equals
 // Scorer.Pool over the readings with each pod's in-flight count (the
 // prompt-token term and any Projection included), to within 2^−25 plus
-// float rounding: each pod's credit is held to 2^−24 of a score, and at most
-// 2^20 (see saturation/credit.go). While results
-// and dispatches are being applied, a read may see one of them half applied:
-// a pod's new reading without its new credit term, or the reverse.
+// float rounding: each pod's credit is kept in units of 2^−24 of a score,
+// and held at 2^20. While results and dispatches are being applied, a read
+// may see one of them half applied: a pod's new reading without its new
+// credit term, or the reverse.
 func (p *Poller) Saturation() float64 { return p.live.saturation() }
 
 // SetEndpoints replaces the set of endpoints. Pods kept keep their readings
@@ -472,9 +482,8 @@ func (p *Poller) Endpoints() []string {
 func (p *Poller) Readings() []PodReading { return p.AppendReadings(nil) }
 
 // AppendReadings appends Readings' snapshot to dst and returns the extended
-// slice. A caller that takes snapshots often (a router re-reading every
-// pod after each scrape result, which at 1,000 pods scraped every 50 ms is
-// 20,000 times a second) passes its previous slice truncated to zero
+// slice. A caller that takes snapshots often (a router re-reading every pod
+// after each scrape result) passes its previous slice truncated to zero
 // length and allocates nothing once it has grown.
 func (p *Poller) AppendReadings(dst []PodReading) []PodReading {
 	p.mu.Lock()
@@ -492,15 +501,14 @@ func (p *Poller) AppendReadings(dst []PodReading) []PodReading {
 // Rescore recomputes the saturation from the readings held, with the current
 // clock, without scraping: readings age (a pod whose reading passes
 // Scorer.Staleness, less what the poller owes it — see Poller — scores 1
-// from here). Run rescores every Interval and every Poll ends with one; the
+// from here). Run rescores every Interval and every Scrape ends with one; the
 // result equals Scorer.Pool over the readings with their in-flight counts,
 // each judged at its own instant (now less PodReading.Owed). Once Run has
 // returned (or Close stopped a Start) the pool keeps reading 1, Rescore or
-// not, until a Poll reads the pods again. It takes the poller's lock and
-// costs O(pods):
-// it is not needed for the in-flight credit of Dispatched and Finished,
-// which moves the saturation at once; only the deprecated PollerConfig.InFlight
-// hook is read here (and at each scrape result) and nowhere else.
+// not, until a Scrape reads the pods again. It takes the poller's lock and
+// costs O(pods). It is not needed for the in-flight credit of Dispatched and
+// Finished, which moves the saturation at once; the deprecated
+// PollerConfig.InFlight hook is read here and at each scrape result only.
 func (p *Poller) Rescore() {
 	p.mu.Lock()
 	p.rescoreLocked()
@@ -580,7 +588,7 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 // dueLocked returns when the poller owed pd its next scrape (zero: not
 // known, or not owed): under Run, an Interval after its last scrape started,
 // or at that scrape's result if it came later (the worker's ticker drops the
-// ticks it missed, so the next scrape is due at once); under Poll, the start
+// ticks it missed, so the next scrape is due at once); under Scrape, the start
 // of the round in progress. It is derived from the schedule, not from when
 // the worker goroutine gets to run, so a starved scheduler's delay counts as
 // the poller's backlog too.
@@ -669,7 +677,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	p.mu.Lock()
 	if p.pods[pd.Endpoint] != pd || res.start.Before(pd.lastStart) {
 		// Removed by SetEndpoints meanwhile, or overtaken by a newer
-		// scrape of the same pod (a Poll beside Run).
+		// scrape of the same pod (a Scrape beside Run).
 		p.mu.Unlock()
 		return
 	}
@@ -725,7 +733,7 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 
 // scrapeAndApply takes a concurrency slot, scrapes pd and applies the
 // result. A result cut short because ctx ended is applied only when
-// applyCancelled (Poll reports it; a stopping worker drops it).
+// applyCancelled (Scrape reports it; a stopping worker drops it).
 func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled bool) error {
 	var res scrapeResult
 	select {
@@ -747,13 +755,13 @@ func (p *Poller) scrapeAndApply(ctx context.Context, pd *pod, applyCancelled boo
 	return res.err
 }
 
-// Poll runs one round synchronously: it scrapes every endpoint (at most
-// MaxConcurrency at once, each bounded by Timeout and by ctx), applying each
-// result as it arrives, then rescores. It returns the round's scrape errors
-// joined in endpoint order (nil if every scrape succeeded); the saturation
-// is updated either way. Polls never overlap: a Poll during another waits
-// for it. A Poll beside Run shares Run's concurrency slots.
-func (p *Poller) Poll(ctx context.Context) error {
+// Scrape runs one scrape round synchronously: it scrapes every endpoint (at
+// most MaxConcurrency at once, each bounded by Timeout and by ctx), applying
+// each result as it arrives, then rescores. It returns the round's scrape
+// errors joined in endpoint order (nil if every scrape succeeded); the
+// saturation is updated either way. Rounds never overlap: a Scrape during
+// another waits for it. A Scrape beside Run shares Run's concurrency slots.
+func (p *Poller) Scrape(ctx context.Context) error {
 	p.round.Lock()
 	defer p.round.Unlock()
 
@@ -881,7 +889,7 @@ func (c *cappedReader) Read(b []byte) (int, error) {
 // PollerConfig.Interval), and rescores the pool every Interval, until ctx is
 // done; then it returns ctx.Err(). It fails with ErrRunning if the poller is
 // already running. When it returns, the saturation reads 1 (and keeps
-// reading 1 through Rescore and SetEndpoints, until a Poll) and no goroutine
+// reading 1 through Rescore and SetEndpoints, until a Scrape) and no goroutine
 // it started is left.
 func (p *Poller) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {

@@ -9,16 +9,14 @@ import (
 // How the poller adapts its scrape timeout to what the machine sustains.
 const (
 	// TimeoutLatencyFactor: the effective scrape timeout is at least this
-	// many times the median scrape latency of the poller's recent
-	// scrapes. A scrape that takes that much longer than its peers is a
-	// pod failing, not a busy gateway node: on a node so loaded that
-	// every scrape takes 150 ms, a fixed 100 ms timeout would fail every
-	// healthy pod.
+	// many times the median latency of the poller's recent scrapes. A
+	// scrape that much slower than its peers is a pod failing, not a busy
+	// gateway node; on a node where every scrape is slow, a fixed timeout
+	// would fail every healthy pod.
 	TimeoutLatencyFactor = 4
 	// MaxTimeoutGrowth bounds the effective timeout at this many times
-	// PollerConfig.Timeout (1 s by default), so that a pod that hangs
-	// is still found failed within a bounded time, however slow the
-	// node.
+	// PollerConfig.Timeout, so that a pod that hangs is still found failed
+	// within a bounded time, however slow the node.
 	MaxTimeoutGrowth = 10
 )
 
@@ -30,8 +28,8 @@ const (
 // timeout, above the median): a minority of hanging pods thus cannot raise
 // the median, and so cannot lengthen the timeout that cuts them off; and
 // since no sample exceeds the longest timeout, neither can the estimate
-// (counting a timeout as "longer than anything" let it grow without bound,
-// past int64, once most scrapes timed out under the race detector).
+// (counting a timeout as "longer than anything" would let it grow without
+// bound once most scrapes time out).
 type latency struct {
 	median atomic.Int64 // nanoseconds; 0 before the first sample
 }
@@ -88,7 +86,7 @@ type PollerStats struct {
 	// or TimeoutLatencyFactor·Latency when that is longer, at most
 	// MaxTimeoutGrowth·PollerConfig.Timeout.
 	Timeout time.Duration
-	// Round is the length of the last Poll round (zero if none).
+	// Round is the length of the last Scrape round (zero if none).
 	Round time.Duration
 }
 

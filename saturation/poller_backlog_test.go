@@ -155,7 +155,7 @@ func maxInterval(rs []PodReading) time.Duration {
 }
 
 // TestPollerRescoreAfterRunReadsOne: once Run has returned, the pool reads 1
-// whatever is rescored (Rescore, SetEndpoints), as documented, until a Poll
+// whatever is rescored (Rescore, SetEndpoints), as documented, until a Scrape
 // brings fresh readings again.
 func TestPollerRescoreAfterRunReadsOne(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -176,8 +176,8 @@ func TestPollerRescoreAfterRunReadsOne(t *testing.T) {
 		assert.Equal(t, 1.0, p.Saturation(), "Rescore after Run returned")
 		require.NoError(t, p.SetEndpoints(eps[:1]))
 		assert.Equal(t, 1.0, p.Saturation(), "SetEndpoints after Run returned")
-		require.NoError(t, p.Poll(context.Background()))
-		assert.Equal(t, 0.5, p.Saturation(), "a Poll reads the pods again")
+		require.NoError(t, p.Scrape(context.Background()))
+		assert.Equal(t, 0.5, p.Saturation(), "a Scrape reads the pods again")
 		// And a Start/Close cycle ends at 1 as well.
 		require.NoError(t, p.Start())
 		synctest.Wait()

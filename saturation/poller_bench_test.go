@@ -20,7 +20,7 @@ func cpuTime(b *testing.B) time.Duration {
 
 // BenchmarkPollerScrape43KB: CPU per scrape of the 43 KB vLLM page, client
 // and in-process server together (process CPU time over the scrapes), by
-// pool size, one Poll round per op on the fake clock. parse-only is the
+// pool size, one Scrape round per op on the fake clock. parse-only is the
 // baseline in the same run: ParseMetrics of the same page from memory.
 func BenchmarkPollerScrape43KB(b *testing.B) {
 	page := vllmPage43KB()
@@ -45,14 +45,14 @@ func BenchmarkPollerScrape43KB(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer p.Close()
-			if err := p.Poll(context.Background()); err != nil { // warm the connections
+			if err := p.Scrape(context.Background()); err != nil { // warm the connections
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			b.SetBytes(int64(len(page) * n))
 			c0, w0 := cpuTime(b), time.Now()
 			for b.Loop() {
-				if err := p.Poll(context.Background()); err != nil {
+				if err := p.Scrape(context.Background()); err != nil {
 					b.Fatal(err)
 				}
 			}

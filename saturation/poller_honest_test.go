@@ -247,12 +247,12 @@ func honestCases(t *testing.T, body func(t *testing.T, n int, eps []string, bad 
 	}
 }
 
-// TestPollerHonestPoll: five Poll rounds over the pool at default settings
+// TestPollerHonestScrape: five Scrape rounds over the pool at default settings
 // on the real clock; after the first (warm-up), each round leaves every
 // healthy pod usable but those the timeout rule put out (see honestCheck),
 // the failing ones at 1 and the pool at its true value, quiet or beside a CPU
 // hog.
-func TestPollerHonestPoll(t *testing.T) {
+func TestPollerHonestScrape(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a large pool on the real clock")
 	}
@@ -262,7 +262,7 @@ func TestPollerHonestPoll(t *testing.T) {
 		defer p.Close()
 		for round := range 5 {
 			start := time.Now()
-			_ = p.Poll(context.Background()) // the failing pods' errors; Readings has them
+			_ = p.Scrape(context.Background()) // the failing pods' errors; Readings has them
 			took := time.Since(start)
 			s := samplePool(p, bad)
 			t.Logf("round %d: %v, %d/%d healthy usable (%d timed out), %d/%d failing at 1, pool %.3f%s",

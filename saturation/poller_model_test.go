@@ -79,7 +79,7 @@ func TestPollerModel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var hookErr string // set by the hook, which runs on a Poll goroutine
+		var hookErr string // set by the hook, which runs on a Scrape goroutine
 		if serial {
 			// After each result, the published value is the mean of the
 			// pods' current scores, as counted by the rules (the running
@@ -162,7 +162,7 @@ func TestPollerModel(t *testing.T) {
 				clk.Advance(time.Duration(rapid.IntRange(0, 150).Draw(t, "ms")) * time.Millisecond)
 			},
 			"poll": func(t *rapid.T) {
-				_ = p.Poll(context.Background())
+				_ = p.Scrape(context.Background())
 				for _, h := range current {
 					m := model[h]
 					if m.serveOK {

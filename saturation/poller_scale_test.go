@@ -47,7 +47,7 @@ func manyPods(t testing.TB, n int) []string {
 // that they test correctness under load, not the machine's speed.
 const scaleTimeout = 5 * time.Second
 
-// TestPoller1000PodsPoll: a round over 1,000 healthy loopback pods (300
+// TestPoller1000PodsScrape: a round over 1,000 healthy loopback pods (300
 // unless FLOWGATE_FULL=1) under the default MaxConcurrency, each scrape
 // with its own timeout, leaves every pod usable and the pool at its true
 // 0.5. (Before per-scrape timeouts and bounded concurrency, every scrape
@@ -67,7 +67,7 @@ const scaleTimeout = 5 * time.Second
 // closes its ends when it reads the EOF, so right after the round a busy
 // machine held a few more — "138 is not ≤ 136" once — a count scheduling
 // can change.)
-func TestPoller1000PodsPoll(t *testing.T) {
+func TestPoller1000PodsScrape(t *testing.T) {
 	n := scalePods(t)
 	eps := manyPods(t, n)
 	clk := newFakeClock()
@@ -80,7 +80,7 @@ func TestPoller1000PodsPoll(t *testing.T) {
 	defer p.Close()
 	conns := countConns(t, p)
 	fds := openFDs(t)
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	usable := 0
 	for _, r := range p.Readings() {
 		if r.Usable {
@@ -234,7 +234,7 @@ func TestPoller4MiBPageOverHTTP(t *testing.T) {
 	clk := newFakeClock()
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now, Timeout: scaleTimeout,
 		Scorer: Scorer{Staleness: 2 * scaleTimeout}}) // fake clock: only Timeout ≤ Staleness matters
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	assert.Equal(t, Reading{Waiting: 2, Running: 7, KVUsage: 0.4, At: clk.Now(), OK: true}, p.Readings()[0].Reading)
 	assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
 }
@@ -254,7 +254,7 @@ func TestPollerScoresAsResultsArrive(t *testing.T) {
 	applied := make(chan struct{}, 2)
 	p.onApply = func(string) { applied <- struct{}{} }
 	errc := make(chan error)
-	go func() { errc <- p.Poll(context.Background()) }()
+	go func() { errc <- p.Scrape(context.Background()) }()
 	<-applied
 	assert.Equal(t, 0.5, p.Saturation(), "fast pod 0, slow pod not yet scraped 1")
 	rs := p.Readings()
@@ -379,7 +379,7 @@ func TestPollerConcurrencyBound(t *testing.T) {
 			Client: &http.Client{Transport: rec}})
 		require.NoError(t, err)
 		start := time.Now()
-		require.NoError(t, p.Poll(context.Background()))
+		require.NoError(t, p.Scrape(context.Background()))
 		assert.Equal(t, 70*time.Millisecond, time.Since(start))
 		assert.Equal(t, 3, rec.peak)
 		assert.InDelta(t, 0.5, p.Saturation(), 1e-12)
@@ -395,14 +395,14 @@ func TestPollerConcurrencyBound(t *testing.T) {
 		// MaxTimeoutGrowth·Timeout (150 ms).
 		rec.delay = 200 * time.Millisecond
 		start = time.Now()
-		err = p.Poll(context.Background())
+		err = p.Scrape(context.Background())
 		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 		assert.LessOrEqual(t, time.Since(start), 7*MaxTimeoutGrowth*15*time.Millisecond, "7 waves of 3 slots, each cut at 150 ms at most")
 		require.NoError(t, p.Close())
 	})
 }
 
-// BenchmarkPollerRound1000 is one Poll over 1,000 pods served by one
+// BenchmarkPollerRound1000 is one Scrape over 1,000 pods served by one
 // loopback server (client and server share the machine's cores).
 func BenchmarkPollerRound1000(b *testing.B) {
 	eps := manyPods(b, 1000)
@@ -413,13 +413,13 @@ func BenchmarkPollerRound1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer p.Close()
-	if err := p.Poll(context.Background()); err != nil { // warm the connections
+	if err := p.Scrape(context.Background()); err != nil { // warm the connections
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	start := time.Now()
 	for b.Loop() {
-		if err := p.Poll(context.Background()); err != nil {
+		if err := p.Scrape(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -78,7 +78,7 @@ func TestPollerGenuineVLLM(t *testing.T) {
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{a, b}, Now: clk.Now,
 		Timeout: scaleTimeout, Scorer: Scorer{Staleness: 2 * scaleTimeout}})
 	assert.Equal(t, 1.0, p.Saturation(), "1 before the first poll")
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	assert.InDelta(t, 1.25, p.Saturation(), 1e-12)
 
 	rs := p.Readings()
@@ -161,7 +161,7 @@ func TestPollerBadEndpoints(t *testing.T) {
 				MaxBodyBytes: 1 << 20,
 				Scorer:       Scorer{Staleness: stale},
 			})
-			err := p.Poll(context.Background())
+			err := p.Scrape(context.Background())
 			require.Error(t, err)
 			if c.handler != nil {
 				assert.ErrorIs(t, err, c.wantErr)
@@ -182,7 +182,7 @@ func TestPollerBadEndpoints(t *testing.T) {
 				Endpoints: []string{idle, bad}, Now: clk.Now, Timeout: timeout,
 				MaxBodyBytes: 1 << 20, Scorer: Scorer{IgnoreStale: true, Staleness: stale},
 			})
-			require.Error(t, p2.Poll(context.Background()))
+			require.Error(t, p2.Scrape(context.Background()))
 			assert.Equal(t, 0.0, p2.Saturation())
 		})
 	}
@@ -209,7 +209,7 @@ func TestPollerBodyAtTheCap(t *testing.T) {
 		want error
 	}{{int64(len(body)), nil}, {int64(len(body)) - 1, ErrBodyTooLarge}} {
 		p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, MaxBodyBytes: c.max})
-		err := p.Poll(context.Background())
+		err := p.Scrape(context.Background())
 		if c.want == nil {
 			assert.NoError(t, err, "a body of exactly MaxBodyBytes is accepted")
 			assert.Equal(t, 1.0, p.Saturation())
@@ -235,29 +235,29 @@ func TestPollerFlipping(t *testing.T) {
 
 	clk := newFakeClock()
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now})
-	require.NoError(t, p.Poll(ctx))
+	require.NoError(t, p.Scrape(ctx))
 	assert.InDelta(t, 0.25, p.Saturation(), 1e-12) // max(1/5, 0.2/0.8)
 
 	healthy.Store(false)
 	clk.Advance(150 * time.Millisecond)
-	assert.ErrorIs(t, p.Poll(ctx), ErrHTTPStatus)
+	assert.ErrorIs(t, p.Scrape(ctx), ErrHTTPStatus)
 	assert.InDelta(t, 0.25, p.Saturation(), 1e-12, "last good reading is 150 ms old: still used")
 	clk.Advance(51 * time.Millisecond)
-	assert.ErrorIs(t, p.Poll(ctx), ErrHTTPStatus)
+	assert.ErrorIs(t, p.Scrape(ctx), ErrHTTPStatus)
 	assert.Equal(t, 1.0, p.Saturation(), "last good reading is 201 ms old: stale")
 	assert.Equal(t, 2, p.Readings()[0].Failures)
 
 	healthy.Store(true)
 	clk.Advance(time.Second)
-	require.NoError(t, p.Poll(ctx))
+	require.NoError(t, p.Scrape(ctx))
 	assert.InDelta(t, 0.25, p.Saturation(), 1e-12, "recovers on the next good scrape")
 	assert.Equal(t, 0, p.Readings()[0].Failures)
 
 	ff := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now, FailFast: true})
-	require.NoError(t, ff.Poll(ctx))
+	require.NoError(t, ff.Scrape(ctx))
 	assert.InDelta(t, 0.25, ff.Saturation(), 1e-12)
 	healthy.Store(false)
-	assert.Error(t, ff.Poll(ctx))
+	assert.Error(t, ff.Scrape(ctx))
 	assert.Equal(t, 1.0, ff.Saturation(), "FailFast: one failure scores 1")
 }
 
@@ -266,7 +266,7 @@ func TestPollerRescoreStaleness(t *testing.T) {
 	ep, _ := vllmPod(t, 0, 0, 0.4)
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Now: clk.Now,
 		Scorer: Scorer{Staleness: time.Second}})
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	assert.Equal(t, 0.5, p.Saturation())
 	clk.Advance(time.Second)
 	p.Rescore()
@@ -292,7 +292,7 @@ func TestPollerInFlightCredit(t *testing.T) {
 			return inflight[ep]
 		},
 	})
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	// a: waiting' = 1 + (8 − 3) = 6 → 1.2; b: 0 → pool 0.6.
 	assert.InDelta(t, 0.6, p.Saturation(), 1e-12)
 	assert.Equal(t, int64(8), p.Readings()[0].InFlight)
@@ -320,7 +320,7 @@ func TestPollerLiveCredit(t *testing.T) {
 		Endpoints: []string{a, b}, Now: clk.Now,
 		Scorer: Scorer{InFlightCredit: true},
 	})
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	seq := p.ReadingSeq()
 	assert.Equal(t, uint64(2), seq, "one result per pod")
 	assert.InDelta(t, (0.2+0.5)/2, p.Saturation(), 1e-12)
@@ -360,7 +360,7 @@ func TestPollerLiveCredit(t *testing.T) {
 	require.True(t, p.Finished(a))
 	require.NoError(t, p.SetEndpoints([]string{a, b}))
 	assert.Equal(t, int64(7), p.InFlight(a))
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	assert.Equal(t, seq+2, p.ReadingSeq())
 	// a: waiting' = 1 + (7 − 3) = 5 → 1.
 	assert.InDelta(t, (1+0.5)/2, p.Saturation(), 1e-5)
@@ -372,17 +372,17 @@ func TestPollerSetEndpoints(t *testing.T) {
 	b, _ := vllmPod(t, 0, 0, 0.8)
 	p := newTestPoller(t, PollerConfig{Now: clk.Now})
 	assert.Equal(t, 1.0, p.Saturation(), "empty pool")
-	require.NoError(t, p.Poll(context.Background()), "polling no endpoints is fine")
+	require.NoError(t, p.Scrape(context.Background()), "polling no endpoints is fine")
 	assert.Equal(t, 1.0, p.Saturation(), "empty pool after a round")
 
 	require.NoError(t, p.SetEndpoints([]string{a, a}))
 	assert.Equal(t, []string{a}, p.Endpoints(), "duplicates merged")
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	assert.Equal(t, 0.0, p.Saturation())
 
 	require.NoError(t, p.SetEndpoints([]string{a, b}))
 	assert.Equal(t, 0.5, p.Saturation(), "a new pod scores 1 until scraped; a keeps its reading")
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	assert.Equal(t, 0.5, p.Saturation(), "b scraped: (0 + 1)/2")
 
 	for _, bad := range []string{"", "localhost:80/metrics", "ftp://x/metrics", "http://", "http://[::1"} {
@@ -478,14 +478,14 @@ func TestNewPollerValidation(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
-// TestPollerCancelledPoll: cancelling the caller's context ends a round stuck
+// TestPollerCancelledScrape: cancelling the caller's context ends a round stuck
 // on a hanging pod at once, without waiting for Timeout.
-func TestPollerCancelledPoll(t *testing.T) {
+func TestPollerCancelledScrape(t *testing.T) {
 	ep := serve(t, hang(t))
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}, Timeout: time.Hour, Scorer: Scorer{Staleness: time.Hour}})
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error)
-	go func() { errc <- p.Poll(ctx) }()
+	go func() { errc <- p.Scrape(ctx) }()
 	cancel()
 	err := <-errc
 	assert.ErrorIs(t, err, context.Canceled)
@@ -580,7 +580,7 @@ func TestPollerConcurrentUse(t *testing.T) {
 	sets := [][]string{{a}, {a, b}, {b}, nil, {b, a}}
 	for i := 0; i < 50*scale(); i++ {
 		require.NoError(t, p.SetEndpoints(sets[i%len(sets)]))
-		require.NoError(t, p.Poll(context.Background()))
+		require.NoError(t, p.Scrape(context.Background()))
 	}
 	close(stop)
 	wg.Wait()
@@ -597,7 +597,7 @@ func TestPollerScoresNeverBad(t *testing.T) {
 		eps[i] = serve(t, text(b))
 	}
 	p := newTestPoller(t, PollerConfig{Endpoints: eps})
-	_ = p.Poll(context.Background())
+	_ = p.Scrape(context.Background())
 	s := p.Saturation()
 	assert.True(t, inRange(s) && !math.IsNaN(s), "%v", s)
 	assert.Greater(t, s, 0.0)
@@ -609,7 +609,7 @@ func TestPollerScoresNeverBad(t *testing.T) {
 func TestReadsAllocFree(t *testing.T) {
 	ep, _ := vllmPod(t, 1, 1, 0.5)
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{ep}})
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	var v Value
 	v.Set(0.3)
 	inflight, err := NewInFlight(8)

@@ -6,18 +6,23 @@ import (
 	"time"
 )
 
-// Scorer defaults, from the reference gateway (see Scorer).
+// Defaults of Scorer, those of the reference gateway, so that the zero
+// Scorer scores as it does.
 const (
+	// DefaultQueueDepthThreshold is Scorer.QueueDepthThreshold's default.
 	DefaultQueueDepthThreshold = 5
-	DefaultKVUtilThreshold     = 0.8
-	DefaultStaleness           = 200 * time.Millisecond
+	// DefaultKVUtilThreshold is Scorer.KVUtilThreshold's default.
+	DefaultKVUtilThreshold = 0.8
+	// DefaultStaleness is Scorer.Staleness' default: a few of the
+	// poller's DefaultInterval, so one lost scrape does not fail a pod.
+	DefaultStaleness = 200 * time.Millisecond
 )
 
 // DefaultPromptTokenThreshold is the Scorer.PromptTokenThreshold that
-// flowhttp.Gateway ships (the Scorer's zero value stays the reference
-// formula, without the term): half of vLLM's default token budget of a step
-// (max_num_batched_tokens 8192) waiting in prompts saturates a pod. Chosen by
-// the signal sweep in examples/sim/README.md.
+// flowhttp.Gateway ships (the zero Scorer stays the reference formula,
+// without the term): a pod is saturated when half of vLLM's default token
+// budget of a step (max_num_batched_tokens) waits in prompts. See
+// examples/sim/README.md.
 const DefaultPromptTokenThreshold = 4096
 
 // Reading is one pod's metrics as the scorer sees them. The Poller fills it
@@ -91,23 +96,23 @@ type Reading struct {
 type Scorer struct {
 	// QueueDepthThreshold is the waiting count that alone makes a pod
 	// saturated (1.0): finite and > 0. Zero means
-	// DefaultQueueDepthThreshold (5).
+	// DefaultQueueDepthThreshold.
 	QueueDepthThreshold float64
 	// KVUtilThreshold is the KV-cache usage that alone makes a pod
 	// saturated, in (0, 1]: usage is a fraction of the cache, so a
 	// threshold above 1 could never be reached by a pod that is merely
-	// full. Zero means DefaultKVUtilThreshold (0.8).
+	// full. Zero means DefaultKVUtilThreshold.
 	KVUtilThreshold float64
 	// Staleness is the age beyond which a reading counts as failed, in
-	// [MinStaleness, MaxStaleness] (1 ms .. 1 h): below a millisecond no
-	// scrape over a network stays fresh, and a reading an hour old says
-	// nothing about a pool whose queues move in seconds. Zero means
-	// DefaultStaleness (200 ms).
+	// [MinStaleness, MaxStaleness]. Zero means DefaultStaleness.
 	Staleness time.Duration
 	// IgnoreStale leaves failed and stale pods out of the pool mean
-	// instead of scoring them 1.
+	// instead of scoring them 1. False (the reference) scores them 1: a
+	// pod the scorer cannot see is not assumed idle.
 	IgnoreStale bool
-	// InFlightCredit adds max(0, InFlight − (Waiting + Running)) to Waiting.
+	// InFlightCredit adds max(0, InFlight − (Waiting + Running)) to
+	// Waiting, so requests sent since the last scrape count at once.
+	// False (the reference) ignores Reading.InFlight.
 	InFlightCredit bool
 	// Projection is how a pod's KV usage is anticipated: ProjectNone
 	// (the zero value, the reference: as scraped), ProjectCompletion or
@@ -119,12 +124,11 @@ type Scorer struct {
 	Projection KVProjection
 	// PromptTokenThreshold, if > 0, adds a third term to a pod's score:
 	// the prompt tokens waiting there, waiting' · PromptMean, over this
-	// many. A queue of five requests is a few hundred tokens of chat and
-	// several steps of code-generation prefill: what a waiting request
-	// costs the next steps (and a critical request's first token) is its
-	// prompt, which the request count does not see. 0 = off (the
-	// reference); otherwise finite and >= 1. A reading without
-	// PromptMean has no such term.
+	// many. What a waiting request costs the next steps (and a critical
+	// request's first token) is its prompt, which the request count does
+	// not see: a few short chat prompts and a few long code prompts are
+	// the same queue depth. 0 means off (the reference); otherwise finite
+	// and >= 1. A reading without PromptMean has no such term.
 	PromptTokenThreshold float64
 }
 

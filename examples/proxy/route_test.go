@@ -53,11 +53,11 @@ func fillCache(t *testing.T, b *backendStub) (end func()) {
 	}
 }
 
-// readKV scrapes now (Poll) and requires the poller to have read the full
+// readKV scrapes now (Scrape) and requires the poller to have read the full
 // cache of full and the empty one of empty.
 func readKV(t *testing.T, p *saturation.Poller, full, empty *backendStub) {
 	t.Helper()
-	require.NoError(t, p.Poll(context.Background()))
+	require.NoError(t, p.Scrape(context.Background()))
 	kv := map[string]float64{}
 	for _, r := range p.Readings() {
 		kv[strings.TrimSuffix(r.Endpoint, "/metrics")] = r.KVUsage

@@ -64,7 +64,7 @@ func TestGatewayWiringDefault(t *testing.T) {
 		gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{srv.URL}, NoCredit: noCredit,
 			Poller: saturation.PollerConfig{Scorer: saturation.Scorer{Staleness: time.Hour}}})
 		require.NoError(t, err)
-		require.NoError(t, gw.Poller().Poll(t.Context()))
+		require.NoError(t, gw.Poller().Scrape(t.Context()))
 		for range 9 {
 			gw.Poller().Dispatched(srv.URL + flowhttp.DefaultMetricsPath)
 		}

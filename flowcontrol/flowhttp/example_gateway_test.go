@@ -116,7 +116,7 @@ func ExampleGateway_Route() {
 	}
 	defer gw.Close()
 	// Scrape now rather than wait for the poller's first round.
-	if err := gw.Poller().Poll(context.Background()); err != nil {
+	if err := gw.Poller().Scrape(context.Background()); err != nil {
 		log.Fatal(err)
 	}
 	srv := httptest.NewServer(gw.Handler(next))
@@ -161,7 +161,7 @@ func ExampleGateway_Eligibility() {
 		log.Fatal(err)
 	}
 	defer gw.Close()
-	if err := gw.Poller().Poll(context.Background()); err != nil {
+	if err := gw.Poller().Scrape(context.Background()); err != nil {
 		log.Fatal(err)
 	}
 	for band := range 2 {

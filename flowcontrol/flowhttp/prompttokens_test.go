@@ -39,7 +39,7 @@ func TestGatewayShipsPromptTokenTerm(t *testing.T) {
 		cfg.Poller.Scorer.Staleness = time.Hour
 		gw, err := flowhttp.NewGateway(cfg)
 		require.NoError(t, err, c.name)
-		require.NoError(t, gw.Poller().Poll(t.Context()), c.name)
+		require.NoError(t, gw.Poller().Scrape(t.Context()), c.name)
 		require.InDelta(t, c.want, gw.Saturation(), 1e-9, c.name)
 		gw.Close()
 	}

@@ -43,7 +43,7 @@ func BenchmarkCriticalPick(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := g.Poller().Poll(context.Background()); err != nil {
+		if err := g.Poller().Scrape(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("pods=%d/least-loaded", n), func(b *testing.B) {

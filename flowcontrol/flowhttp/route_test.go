@@ -155,7 +155,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 					pods.set(strings.TrimPrefix(ep, "http://"), kv, fail)
 					m.kv[i], m.ok[i] = kv, !fail
 				}
-				_ = gw.Poller().Poll(context.Background()) // the failed scrapes are the point
+				_ = gw.Poller().Scrape(context.Background()) // the failed scrapes are the point
 			case 1:
 				band := rapid.IntRange(0, 2).Draw(t, "band")
 				got, want := idx[gw.LeastLoadedFor(band)], m.pick(band)

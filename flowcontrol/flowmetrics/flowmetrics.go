@@ -63,14 +63,16 @@ var DefaultBuckets = prometheus.ExponentialBuckets(0.001, 2, 18)
 
 // Options configures New. The zero value is usable.
 type Options struct {
-	// Namespace prefixes every metric name. Default "flowgate".
+	// Namespace prefixes every metric name. Empty means "flowgate".
 	Namespace string
 	// BandNames labels bands; band i gets BandNames[i], or its index when
-	// the slice is shorter. Names must be unique.
+	// the slice is shorter (nil labels every band by its index). Names must
+	// be unique, so that two bands never share a series.
 	BandNames []string
-	// Buckets of the wait-time histogram, in seconds. Default DefaultBuckets.
+	// Buckets are the wait-time histogram's bucket bounds, in seconds.
+	// Nil means DefaultBuckets.
 	Buckets []float64
-	// ConstLabels are added to every metric.
+	// ConstLabels are added to every metric. Nil adds none.
 	ConstLabels prometheus.Labels
 	// MaxFlowLabels caps the fairness_id label values of the per-flow
 	// metrics (0 = DefaultMaxFlowLabels): flow ids come from request

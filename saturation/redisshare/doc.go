@@ -8,9 +8,8 @@
 // least in-flight (or by max(scraped load, own in-flight)) then herds: every
 // replica sees the same backend as emptiest at the last metrics scrape and
 // sends its next requests there, and the in-flight credit
-// max(0, own in-flight − scraped) silently becomes 0. In the simulator,
-// codegen@16 critical TTFT p99 goes from 1.0 s with one gateway to 8–9 s with
-// 2–8 independent ones; pool-wide in-flight counts bring it back.
+// max(0, own in-flight − scraped) silently becomes 0. Pool-wide in-flight
+// counts restore what one gateway sees (see saturation/redisshare/README.md).
 //
 // # What is shared, and what is not
 //
@@ -26,9 +25,9 @@
 // The request path touches memory only. A replica keeps, per endpoint, its
 // own live count (Endpoint.Inc on dispatch, Dec on done: one atomic add) and
 // the other replicas' sum as last fetched. InFlight returns own + others:
-// two atomic loads, no lock, no allocation, no network round trip (see
-// BenchmarkInFlightRead). A stale others is at most one Period (plus one
-// slow sync's duration) old while Redis answers.
+// two atomic loads, no lock, no allocation, no network round trip. A stale
+// others is at most one Period (plus one slow sync's duration) old while
+// Redis answers.
 //
 // One background loop (Run) syncs every Period with one Lua script (EVALSHA),
 // one round trip, which Redis runs atomically:
@@ -52,10 +51,7 @@
 // Why this layout: nothing shared depends on a replica's clock. Liveness
 // is Redis's key expiry, and the directory's scores and trim are Redis's
 // TIME read inside the script, so a replica whose clock is minutes off
-// still sees and is seen by every peer (TestClockSkewDoesNotHideReplicas:
-// clocks 2 minutes ahead and behind; when each replica scored the
-// directory with its own clock, the one ahead trimmed every peer and the
-// one behind was trimmed by them). The directory is a sorted set read in
+// still sees and is seen by every peer. The directory is a sorted set read in
 // the same script instead of a SCAN (which costs O(keyspace) and several
 // round trips, and sees one shard of a Cluster); the hash is rewritten whole
 // inside the script, so a reader never sees half of it. All keys share the
@@ -83,11 +79,8 @@
 // deletes a hash the other wrote last.
 //
 // The Redis work per sync grows with replicas × endpoints, so the pool's
-// load on Redis grows with the square of the replica count. Measured on the
-// shared 2-core dev machine (BenchmarkSync, loopback, 10 runs): one sync
-// seeing 7 peers of 4 endpoints each takes 114–172 µs and costs the server
-// 45–68 µs of CPU, so 8 replicas at the default 5 ms keep about 8–11 % of
-// one Redis core busy (2–3 % at 20 ms).
+// load on Redis grows with the square of the replica count (the cost per
+// sync is in saturation/redisshare/README.md).
 //
 // # Time bounds
 //
@@ -99,15 +92,13 @@
 //     pause, throttling, Redis timeouts).
 //   - When syncs fail (Redis down, slow, restarted, stopped), the replica
 //     keeps serving the others' last-fetched counts until they are older
-//     than TTL, then falls back to its own counts (at the first failed sync
-//     after that, so within TTL + min(100 ms, TTL/4) + that sync's
-//     timeout): State reports Down, the
-//     gauge flowgate_shared_inflight_up reads 0, and one log line records
-//     the transition (and one more when a sync succeeds again). Every sync
-//     is bounded by Timeout (< Period); failed ones are retried with a wait
-//     doubling from Period to min(100 ms, TTL/4), reconnecting as needed,
-//     so recovery follows Redis's return within that wait. Nothing on the
-//     request path waits for any of it.
+//     than TTL, then falls back to its own counts at the first failed sync
+//     after that: State reports Down, the gauge flowgate_shared_inflight_up
+//     reads 0, and one log line records the transition (and one more when a
+//     sync succeeds again). Every sync is bounded by Timeout; failed ones
+//     are retried with a wait doubling from Period to min(100 ms, TTL/4),
+//     reconnecting as needed, so recovery follows Redis's return within
+//     that wait. Nothing on the request path waits for any of it.
 //   - go-redis logs each failed dial through its process-wide logger
 //     (redis.SetLogger); the host decides whether to keep those lines.
 //   - After a Redis restart the keys are gone; each replica rewrites its own
@@ -118,61 +109,35 @@
 //     counts until its next sync rewrites it (one Period), and a replica
 //     that left during the stall may reappear until its hash expires (TTL).
 //
-// The defaults (Period 5 ms, TTL 1 s, Timeout 50 ms) are argued at
-// DefaultPeriod, DefaultTTL and DefaultTimeout.
+// DefaultPeriod, DefaultTTL and DefaultTimeout give their reasons.
 //
-// # Two windows, measured
+// # Two windows
 //
-// Both follow from the TTL and both are deliberate; neither is a bug to
-// tune away, but an operator should know their size. Figures at the
-// defaults, on the shared 2-core dev machine on the night of 2026-12-01 (TestPhantomLoadWindow,
-// TestFrozenViewWindow; `go test -run 'PhantomLoad|FrozenView' -v`):
+// Both follow from the TTL and both are deliberate; an operator should know
+// their size (saturation/redisshare/README.md has them measured):
 //
-//   - Phantom load (fails closed). A SIGKILLed replica deletes nothing, so
-//     its in-flight requests stay in every survivor's view until Redis
-//     expires its hash (TTL − Period after its last publish) and the
-//     survivor's next sync: 0.995–1.013 s after the SIGKILL in 7 kills of a
-//     replica holding 100 requests (5 of them beside a CPU hog, load 17–18
-//     on 2 cores), against a lower bound of TTL − 2·Period = 0.99 s. During that window the
-//     survivors see more load than there is, so their gates err closed
-//     (they dispatch less). A replica that stops cleanly (SIGTERM, Run
-//     returning) deletes its hash and leaves at the others' next sync.
-//   - Frozen view (fails open). When Redis stalls (SIGSTOP, a long fork,
-//     a partition that drops packets), every sync times out and the
-//     replica serves the others' counts as last fetched — a peer's change
-//     during the stall is not seen — until they are TTL old; then it falls
-//     back to its own counts, at the first failed sync after that: 1.03–1.19 s
-//     after the SIGSTOP in 7 stalls (5 beside a CPU hog), within TTL + the
-//     longest backoff wait and its timeout (100 + 80 ms at the defaults). After the fallback a replica
-//     sees less load than there is, so its gate errs open (each replica
-//     alone keeps its own dispatches in check, as without sharing). When
-//     Redis answers again the view is shared again: 1–52 ms after SIGCONT
-//     in the same 7 stalls.
+//   - Phantom load (fails closed). A killed replica deletes nothing, so its
+//     in-flight requests stay in every survivor's view until Redis expires
+//     its hash and the survivor syncs next: about TTL (at least
+//     TTL − 2·Period) after its last publish. The survivors see more load than there is, so
+//     their gates err closed (they dispatch less). A replica that stops
+//     cleanly (Run returning) deletes its hash and leaves at the others'
+//     next sync.
+//   - Frozen view (fails open). While Redis stalls, every sync times out and
+//     the replica serves the others' counts as last fetched (a peer's change
+//     during the stall is not seen) until they are TTL old, then falls back
+//     to its own counts at the first failed sync after that. After the
+//     fallback the replica sees less load than there is, so its gate errs
+//     open (each replica alone keeps its own dispatches in check, as
+//     without sharing). When Redis answers again the view is shared again
+//     at the next sync.
 //
-// # The sync timeout on a loaded node
+// # The sync timeout
 //
-// A sync's round trip is about 0.1 ms over loopback, but a gateway shares
-// its node: what a timeout must cover is the scheduling delay of the
-// gateway and of Redis on a busy machine. BenchmarkSyncFailureRate runs
-// Run's pacing against a real redis-server with 7 live peers, 2,000 syncs
-// per timeout; beside a CPU hog (a spinning process per core, the machine
-// also busy with other builds) on the night of 2026-12-01:
-//
-//	timeout                 failed syncs   p99 sync      slowest sync   (3 runs of 2,000 each, load 17–20 + hog)
-//	4 ms (the old default)  2.45–5.65 %    15.6–26.4 ms  45–70 ms
-//	10 ms                   1.00–6.05 %    17.8–38.9 ms  62–124 ms
-//	20 ms                   0.60–1.55 %    24.3–34.8 ms  56–93 ms
-//	50 ms (DefaultTimeout)  0–0.05 %       14.5–32.3 ms  36–65 ms
-//
-// Without the hog (the machine at load 18–22 from other builds), 2 runs:
-// 4 ms failed 2.50–2.65 %, 10 ms 0.25–1.20 %, 20 ms 0.15–0.60 %, 50 ms
-// 0–0.10 %. Command: go test ./saturation/redisshare -run '^$' -bench
-// SyncFailureRate -benchtime=2000x -count=3, beside
-// `for i in 1 2; do (while :; do :; done) & done`.
-//
-// The timeout is a deadline, not a wait: a sync that answers in 0.1 ms
-// takes 0.1 ms whatever it is. What a longer one costs is how stale the
-// view may get while one sync is slow (its duration, instead of 4 ms) and
+// The timeout is a deadline, not a wait: a sync that answers fast takes no
+// longer for a long timeout. What must fit in it is not the round trip but
+// the scheduling delay of the gateway and of Redis on a busy node. What a
+// longer one costs is how stale the view may get while one sync is slow and
 // how long Run's leave may take on the way out. Failures are counted in
 // flowgate_shared_inflight_sync_errors_total (timeouts also in
 // …_sync_timeouts_total) against …_syncs_total, and
@@ -191,5 +156,5 @@
 // express; it must have ContextTimeoutEnabled, or a stalled Redis holds the
 // loop for the client's socket timeout. The script needs Redis 3.2 or
 // later (it calls redis.replicate_commands where that exists, so that its
-// writes may follow TIME); the tests run Redis 7.0.
+// writes may follow TIME).
 package redisshare

@@ -31,32 +31,29 @@ var ErrRunning = errors.New("redisshare: already running")
 // sync itself succeeded, so the view stays up.
 var ErrDuplicateReplicaID = errors.New("redisshare: duplicate replica id")
 
-// Defaults, each argued in its comment.
+// Defaults of Options, each with its reason.
 const (
 	// DefaultPeriod is how often a replica publishes its counts and fetches
-	// the others'. 5 ms is well under the gap between two arrivals at the
-	// pool even at chat@80 QPS (12.5 ms), so a dispatch is usually visible to
-	// every replica before the next one anywhere, and well under the 50 ms
-	// metrics scrape, so the shared view is the freshest signal the router
-	// has. It costs one Redis round trip per replica per period (two when a
-	// new replica appears): 200 small transactions a second per replica.
+	// the others'. It is shorter than the gap between two arrivals at a
+	// busy pool, so a dispatch is usually visible to every replica before
+	// the next one anywhere, and shorter than the poller's metrics scrape
+	// (saturation.DefaultInterval), so the shared view is the freshest
+	// signal the router has. It costs one Redis round trip per replica per
+	// period (two when a new replica appears).
 	DefaultPeriod = 5 * time.Millisecond
 	// DefaultTTL bounds how long a replica that stopped publishing (killed,
 	// partitioned) keeps counting in the others' views, and how long a
 	// replica serves the others' last-fetched counts when Redis is
-	// unreachable before falling back to its own. One second is 200 periods:
-	// a GC pause, a CPU-throttled container (100 ms CFS windows) or a few
-	// timed-out syncs never expire a live replica, while phantom load from a
-	// dead one lasts about as long as one short request.
+	// unreachable before falling back to its own. It is many periods, so
+	// a GC pause, a CPU-throttled container or a few timed-out syncs never
+	// expire a live replica, while phantom load from a dead one lasts about
+	// as long as one short request.
 	DefaultTTL = time.Second
 	// DefaultTimeout bounds one sync's round trips. It is not tied to
 	// Period: syncs are serial, so a slow one only delays the next, and the
-	// view stays up through failed ones for TTL anyway. What a timeout must
-	// cover is a loaded node's scheduling delay, not the round trip (about
-	// 0.1 ms over loopback): beside a CPU hog on 2 cores, the 4 ms of
-	// earlier versions (4/5 of Period) failed 2.45–5.65 % of syncs, 20 ms
-	// 0.60–1.55 %, 50 ms 0–0.05 % (BenchmarkSyncFailureRate; the package
-	// doc has the table).
+	// view stays up through failed ones for TTL anyway. It covers a loaded
+	// node's scheduling delay, not just the round trip, so syncs on a busy
+	// node do not fail (see saturation/redisshare/README.md).
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultPrefix is the Redis key prefix.
 	DefaultPrefix = "flowgate:inflight"
@@ -80,7 +77,7 @@ type Options struct {
 	// Client is an existing client, for settings Redis cannot express. The
 	// caller owns it and closes it after Run returns. It must honour context
 	// deadlines, or a stalled Redis stalls the sync loop for the client's
-	// socket timeout (go-redis's default is 3 s): New rejects a *redis.Client,
+	// socket timeout: New rejects a *redis.Client,
 	// *redis.ClusterClient or *redis.Ring whose ContextTimeoutEnabled is false.
 	// All keys share one hash tag, so a Cluster keeps them on one shard.
 	Client redis.UniversalClient
@@ -91,30 +88,31 @@ type Options struct {
 	ReplicaID string
 	// Prefix scopes the keys: several independent pools can share one Redis
 	// under different prefixes. It must not contain '{' or '}' (it becomes the
-	// Cluster hash tag). Default DefaultPrefix.
+	// Cluster hash tag). Empty means DefaultPrefix.
 	Prefix string
-	// Period between two syncs (publish own counts, fetch the others').
-	// Default DefaultPeriod.
+	// Period is the time between two syncs (publish own counts, fetch the
+	// others'). 0 means DefaultPeriod.
 	Period time.Duration
 	// TTL is the longest a replica that stopped publishing keeps counting in
 	// the others' views, and how long this replica serves the others'
 	// last-fetched counts while Redis fails (dropped at the first failed
-	// sync past TTL). At least 4 Periods. Default DefaultTTL.
+	// sync past TTL). At least 4 Periods, so a live replica survives a few
+	// failed syncs. 0 means DefaultTTL.
 	TTL time.Duration
 	// Timeout bounds one sync's Redis calls together (its one or two round
 	// trips, and a reconnection). Syncs are serial: one that takes longer
 	// than Period delays the next rather than overlapping it. Must be
-	// positive and at most TTL/4, so several syncs fit in a TTL. Default
-	// DefaultTimeout (capped at TTL/4). While syncs fail, Run stretches the
+	// positive and at most TTL/4, so several syncs fit in a TTL. 0 means
+	// DefaultTimeout, capped at TTL/4. While syncs fail, Run stretches the
 	// wait between them, and the timeout with it when the wait grows
 	// beyond it (see Run).
 	Timeout time.Duration
 	// Logger receives one line per transition between the shared view and
-	// the fallback to own counts. Default slog.Default().
+	// the fallback to own counts. Nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the clock for the staleness bookkeeping (the TTL of the
 	// others' counts): only differences between two of its readings matter,
-	// so its offset from other replicas' clocks does not. Default time.Now.
+	// so its offset from other replicas' clocks does not. Nil means time.Now.
 	// Everything shared runs on the Redis server's clock: key expiry, and
 	// the directory of replicas, which a server-side script scores with
 	// Redis's TIME.

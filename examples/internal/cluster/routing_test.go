@@ -133,7 +133,7 @@ func TestCriticalKVRoutingIsLeastLoadedFor(t *testing.T) {
 				g.readings[i].KVUsage = kv
 			}
 			pods.mu.Unlock()
-			if err := gw.Poller().Poll(context.Background()); err != nil {
+			if err := gw.Poller().Scrape(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -47,7 +47,7 @@ func TestDefaultQueueThresholdIsTheGateways(t *testing.T) {
 			gw, err := flowhttp.NewGateway(gc)
 			require.NoError(t, err)
 			defer gw.Close()
-			require.NoError(t, gw.Poller().Poll(t.Context()))
+			require.NoError(t, gw.Poller().Scrape(t.Context()))
 			require.InDelta(t, tc.want, gw.Saturation(), 1e-9)
 		})
 	}
