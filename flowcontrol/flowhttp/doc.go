@@ -1,7 +1,7 @@
-// Package flowhttp is the net/http side of flowgate: the gate that puts each
+// Package flowhttp is the net/http side of flowgate: Handler, which puts each
 // gated request in a flowcontrol.Controller band and calls the wrapped
 // handler only when the controller releases it, and Gateway, which wires
-// that gate to a saturation.Poller of the model servers, the in-flight
+// that handler to a saturation.Poller of the model servers, the in-flight
 // credit and the metrics, so that a Go proxy gets the protection the
 // example proxy measured by writing only its routing:
 //
@@ -33,7 +33,7 @@
 // prompt, and vLLM preempts nobody to admit it. Without priority
 // scheduling a critical request waits behind the queue wherever it goes,
 // and the routing is off unless CriticalKVHeadroom sets it;
-// NoCriticalKVRouting turns it off. BandOf tells next the band the gate
+// NoCriticalKVRouting turns it off. BandOf tells next the band Handler
 // placed the request in; a host with its own routing ranks the endpoints
 // Gateway.Eligibility(band) rejects after the others (one reading for the
 // whole pick; Eligible asks for one endpoint), or calls LeastLoadedFor(band).

@@ -109,7 +109,7 @@ type GatewayConfig struct {
 	// (flowcontrol.Pacing.Recheck): without both, a backlog built while
 	// its band was gated reaches the pool in one tick the moment a
 	// reading dips, and every request released between two scrapes is
-	// invisible to the gate (see the package documentation).
+	// invisible to the controller (see the package documentation).
 	NoCredit bool
 	// NoPromptTokens leaves the poller's Scorer.PromptTokenThreshold at 0
 	// (off) when it is 0; otherwise a zero threshold takes
@@ -120,7 +120,7 @@ type GatewayConfig struct {
 	// critical request, gates sheddable work where five short ones would
 	// not. Engines without that histogram (SGLang) have no such term.
 	NoPromptTokens bool
-	// HTTP configures the gate (classification, body bounds, OnFinish).
+	// HTTP configures Handler (classification, body bounds, OnFinish).
 	HTTP Options
 	// Metrics configures the collector Collector returns; BandNames is
 	// filled from the bands.
@@ -164,7 +164,7 @@ const DefaultCriticalKVHeadroom = 0.1
 
 // Gateway is a protected inference gateway short of its routing: the
 // metrics poller of the model servers, the in-flight credit, the
-// flowcontrol.Controller, the HTTP gate and its metrics, wired as
+// flowcontrol.Controller, the HTTP Handler and their metrics, wired as
 // examples/proxy runs them. The host routes: its handler, wrapped by
 // Handler, picks an endpoint however it likes and calls Forward with it.
 //
@@ -184,7 +184,7 @@ type Gateway struct {
 	interval  time.Duration
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
-	gate      *gate
+	intake    *intake
 	col       *flowmetrics.Collector
 	extra     *gatewayCollector
 	credit    *releaseCredit // nil with NoCredit
@@ -301,24 +301,26 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if err := g.col.Bind(g.ctrl); err != nil {
 		return nil, fmt.Errorf("%w: Metrics: %w", ErrInvalidConfig, err)
 	}
-	g.gate, err = newGate(g.ctrl, cfg.HTTP)
+	g.intake, err = newIntake(g.ctrl, cfg.HTTP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: HTTP: %w", ErrInvalidConfig, err)
 	}
 	if g.credit != nil {
 		g.credit.ctrl.Store(g.ctrl)
-		g.credit.forwarded = &g.gate.forwarded
+		g.credit.forwarded = &g.intake.forwarded
 	}
 	g.extra = newGatewayCollector(g, mo)
 	return g, nil
 }
 
-// Handler returns the gate around next, the host's forwarding handler: a
+// Handler returns next, the host's forwarding handler, behind the queue: a
 // gated request reaches next once the controller releases it, with its body
 // buffered (see the package documentation). next calls Forward with the
 // endpoint it sends the request to. Handlers from several calls share the
 // gateway's queues and budgets.
-func (g *Gateway) Handler(next http.Handler) http.Handler { return &handler{gate: g.gate, next: next} }
+func (g *Gateway) Handler(next http.Handler) http.Handler {
+	return &handler{intake: g.intake, next: next}
+}
 
 // Forward tells the gateway that the request w answers is being sent to
 // endpoint (one of GatewayConfig.Endpoints, as written there), and returns
@@ -330,12 +332,12 @@ func (g *Gateway) Handler(next http.Handler) http.Handler { return &handler{gate
 // endpoint calls Forward again (and the first done); an endpoint the
 // gateway does not know is not counted.
 func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) {
-	if rec := recorderOf(w); rec != nil && rec.gate == g.gate && !rec.forwarded {
+	if rec := recorderOf(w); rec != nil && rec.intake == g.intake && !rec.forwarded {
 		// From here on the poller counts it: it leaves the gap between
 		// release and forwarding that releaseCredit charges (until the
 		// handler returns, see ServeHTTP).
 		rec.forwarded = true
-		g.gate.forwarded.Add(1)
+		g.intake.forwarded.Add(1)
 	}
 	i, ok := g.index[endpoint]
 	if !ok {
@@ -356,7 +358,7 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 // Critical reports whether a request's headers place it in band 0 (its
 // objective, or DefaultObjective when it names none): what a server keeps
 // its reserved connections for (ServerConfig.ReservedConns).
-func (g *Gateway) Critical(h http.Header) bool { return g.gate.preBand(h) == 0 }
+func (g *Gateway) Critical(h http.Header) bool { return g.intake.preBand(h) == 0 }
 
 // Endpoints returns the endpoints' base URLs, in configuration order.
 func (g *Gateway) Endpoints() []string { return append([]string(nil), g.endpoints...) }
@@ -454,8 +456,8 @@ func (g *Gateway) LeastLoadedFor(band int) string {
 }
 
 // Route is the ready-made routing of the request w answers, from the
-// handler Handler wraps: LeastLoadedFor the band the gate placed it in
-// (BandOf), or LeastLoaded for a request the gate did not queue (not gated,
+// handler Handler wraps: LeastLoadedFor the band Handler placed it in
+// (BandOf), or LeastLoaded for a request Handler did not queue (not gated,
 // or w is not a gated request's writer).
 //
 //	ep := gw.Route(w)

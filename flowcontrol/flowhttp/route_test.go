@@ -243,7 +243,7 @@ type unwrapper struct{ http.ResponseWriter }
 
 func (u unwrapper) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 
-// BandOf tells the wrapped handler the band the gate placed its request in,
+// BandOf tells the wrapped handler the band Handler placed its request in,
 // whichever rule placed it, through a host's wrapper too; an ungated
 // request has none.
 func TestBandOf(t *testing.T) {
@@ -289,7 +289,7 @@ func TestBandOf(t *testing.T) {
 	require.False(t, ok)
 }
 
-// Route routes a writer the gate did not produce as LeastLoaded does.
+// Route routes a writer Handler did not produce as LeastLoaded does.
 func TestRouteUngated(t *testing.T) {
 	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}})
 	require.NoError(t, err)

@@ -112,9 +112,9 @@ func (g *Gateway) ListenAndServe(ctx context.Context, addr string, next http.Han
 	return g.Serve(ctx, ln, next, cfg)
 }
 
-// Serve runs the gateway (Start, unless it is running already) and a hardened HTTP server on ln whose
-// handler is the gate around next (Handler), until ctx is done; then it
-// shuts down gracefully (Drain, then http.Server.Shutdown within
+// Serve runs the gateway (Start, unless it is running already) and a
+// hardened HTTP server on ln whose handler is Handler(next), until ctx is
+// done; then it shuts down gracefully (Drain, then http.Server.Shutdown within
 // cfg.DrainTimeout, then the rest cut) and closes the gateway. It returns
 // nil after a clean shutdown, the server's error if it failed, or an error
 // saying the drain bound cut connections. ln is closed on return.
