@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,17 +123,14 @@ type GatewayConfig struct {
 	// Metrics configures the collector Collector returns; BandNames is
 	// filled from the bands.
 	Metrics flowmetrics.Options
-	// CriticalKVHeadroom is the critical routing of LeastLoadedFor, Route
-	// and Eligible: a band-0 request goes to an endpoint with at least
-	// this share of its KV cache free at its last reading (1 −
-	// vllm:kv_cache_usage_perc, the poller's Reading.KVUsage, the pod
-	// usable), when some endpoints have it and others do not; when none
-	// has it, to the endpoints with the lowest usage. In [0, 1].
-	// Zero takes DefaultCriticalKVHeadroom when HTTP.ForwardPriority is
-	// PrioritySet (the operator's statement that the model servers
-	// schedule by priority) and leaves the routing off otherwise; a value
-	// above zero turns it on at that headroom whatever ForwardPriority
-	// says. NoCriticalKVRouting turns it off.
+	// CriticalKVHeadroom turns on the Router's critical routing: a band-0
+	// request goes to an endpoint with at least this share of its KV cache
+	// free at its last reading (1 − the poller's Reading.KVUsage), or, when
+	// none has it, to those with the most free. In [0, 1]. 0 means
+	// DefaultCriticalKVHeadroom when HTTP.ForwardPriority is PrioritySet
+	// (the operator's statement that the model servers schedule by
+	// priority), and off otherwise (NoCriticalKVRouting: off whatever
+	// ForwardPriority says).
 	CriticalKVHeadroom float64
 	// NoCriticalKVRouting turns the critical routing off: band 0 is routed
 	// as every band (CriticalKVHeadroom must then be 0).
@@ -171,16 +166,7 @@ const DefaultCriticalKVHeadroom = 0.1
 // A Gateway is safe for concurrent use. Its zero value is not usable: call
 // NewGateway.
 type Gateway struct {
-	endpoints []string
-	murls     []string       // metrics URLs, in endpoint order
-	usable    []atomic.Bool  // the poller's verdict per endpoint, copied every interval (LeastLoaded)
-	rr        atomic.Uint64  // LeastLoaded's tie-breaker
-	index     map[string]int // base URL → its index in endpoints (and murls)
-	byMetric  map[string]int // metrics URL (the poller's name for it) → its index in endpoints
-	headroom  float64        // the critical routing's KV headroom; 0: off
-	kv        atomic.Pointer[kvView]
-	kvMu      sync.Mutex              // held while a kvView is rebuilt, and for kvBuf
-	kvBuf     []saturation.PodReading // the rebuild's snapshot, reused
+	endpoints Router // the endpoints, by index, and the ready-made routing over them
 	interval  time.Duration
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
@@ -216,31 +202,18 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if path == "" {
 		path = DefaultMetricsPath
 	}
-	g := &Gateway{index: map[string]int{}, byMetric: map[string]int{}}
+	g := &Gateway{}
 	switch {
 	case cfg.NoCriticalKVRouting:
 	case cfg.CriticalKVHeadroom > 0:
-		g.headroom = cfg.CriticalKVHeadroom
+		g.endpoints.headroom = cfg.CriticalKVHeadroom
 	case cfg.HTTP.ForwardPriority == PrioritySet:
-		g.headroom = DefaultCriticalKVHeadroom
+		g.endpoints.headroom = DefaultCriticalKVHeadroom
 	}
-	urls := make([]string, 0, len(cfg.Endpoints))
-	for i, raw := range cfg.Endpoints {
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("%w: Endpoints[%d] %q is not an http(s) base URL", ErrInvalidConfig, i, raw)
-		}
-		if _, dup := g.index[raw]; dup {
-			return nil, fmt.Errorf("%w: Endpoints[%d] %q is listed twice", ErrInvalidConfig, i, raw)
-		}
-		m := u.JoinPath(path).String()
-		g.index[raw] = len(g.endpoints)
-		g.byMetric[m] = len(g.endpoints)
-		g.endpoints = append(g.endpoints, raw)
-		urls = append(urls, m)
+	urls, err := g.endpoints.configure(cfg.Endpoints, path)
+	if err != nil {
+		return nil, err
 	}
-	g.murls = urls
-	g.usable = make([]atomic.Bool, len(urls))
 	pc := cfg.Poller
 	pc.Endpoints = urls
 	pc.Scorer.InFlightCredit = !cfg.NoCredit
@@ -309,6 +282,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 		g.credit.ctrl.Store(g.ctrl)
 		g.credit.forwarded = &g.intake.forwarded
 	}
+	g.endpoints.poller = poller
 	g.extra = newGatewayCollector(g, mo)
 	return g, nil
 }
@@ -339,11 +313,11 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 		rec.forwarded = true
 		g.intake.forwarded.Add(1)
 	}
-	i, ok := g.index[endpoint]
+	i, ok := g.endpoints.index[endpoint]
 	if !ok {
 		return func() {}
 	}
-	m := g.murls[i]
+	m := g.endpoints.murls[i]
 	if !g.poller.Dispatched(m) {
 		return func() {}
 	}
@@ -355,13 +329,14 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 	}
 }
 
-// Critical reports whether a request's headers place it in band 0 (its
-// objective, or DefaultObjective when it names none): what a server keeps
-// its reserved connections for (ServerConfig.ReservedConns).
-func (g *Gateway) Critical(h http.Header) bool { return g.intake.preBand(h) == 0 }
+// critical reports whether a request's headers place it in band 0 (its
+// objective, or DefaultObjective when it names none): what Serve keeps its
+// reserved connections for (ServerConfig.ReservedConns).
+func (g *Gateway) critical(h http.Header) bool { return g.intake.preBand(h) == 0 }
 
-// Endpoints returns the endpoints' base URLs, in configuration order.
-func (g *Gateway) Endpoints() []string { return append([]string(nil), g.endpoints...) }
+// Router returns the gateway's ready-made routing, which a host with its
+// own may ignore.
+func (g *Gateway) Router() *Router { return &g.endpoints }
 
 // Controller returns the flow controller (Stats, Bands, InFlight).
 func (g *Gateway) Controller() *flowcontrol.Controller { return g.ctrl }
@@ -404,7 +379,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	polled := make(chan struct{})
 	go func() { defer close(polled); _ = g.poller.Run(ctx) }()
 	watched := make(chan struct{})
-	go func() { defer close(watched); g.watch(ctx) }()
+	go func() { defer close(watched); g.endpoints.watch(ctx, g.interval) }()
 	go func() {
 		<-ran
 		<-polled
@@ -412,218 +387,6 @@ func (g *Gateway) Start(ctx context.Context) error {
 		close(g.stopped)
 	}()
 	return nil
-}
-
-// watch copies the poller's per-endpoint verdict (usable or not) every
-// interval, so that LeastLoaded reads atomics, not the poller's lock.
-func (g *Gateway) watch(ctx context.Context) {
-	t := time.NewTicker(g.interval)
-	defer t.Stop()
-	for {
-		for _, r := range g.poller.Readings() {
-			if i, ok := g.byMetric[r.Endpoint]; ok {
-				g.usable[i].Store(r.Usable)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// LeastLoaded is a ready-made routing choice for hosts that have none: the
-// endpoint with the fewest requests this gateway has in flight to it (as
-// counted by Forward), among those whose metrics the poller could use at
-// its last look (all of them if none could), ties broken round-robin. ""
-// when there are no endpoints. It routes every request alike; Route and
-// LeastLoadedFor add the critical routing (GatewayConfig.CriticalKVHeadroom).
-func (g *Gateway) LeastLoaded() string { return g.pick(nil) }
-
-// LeastLoadedFor is LeastLoaded for a request in band: with the critical
-// routing on (GatewayConfig.CriticalKVHeadroom) a band-0 request is routed
-// by LeastLoaded's rule among the endpoints Eligible keeps: those with the
-// headroom free in their KV cache at their last reading or, when none has
-// it, those with the most free (all of them when all have the headroom or
-// no reading is usable). Every other band, and band 0 with the routing off,
-// is routed as LeastLoaded routes it. "" when there are no endpoints.
-func (g *Gateway) LeastLoadedFor(band int) string {
-	if band != 0 || g.headroom == 0 {
-		return g.pick(nil)
-	}
-	return g.pick(g.kvKeep())
-}
-
-// Route is the ready-made routing of the request w answers, from the
-// handler Handler wraps: LeastLoadedFor the band Handler placed it in
-// (BandOf), or LeastLoaded for a request Handler did not queue (not gated,
-// or w is not a gated request's writer).
-//
-//	ep := gw.Route(w)
-//	defer gw.Forward(w, ep)()
-func (g *Gateway) Route(w http.ResponseWriter) string {
-	if band, ok := BandOf(w); ok {
-		return g.LeastLoadedFor(band)
-	}
-	return g.pick(nil)
-}
-
-// Eligible reports whether the critical routing keeps endpoint (one of
-// GatewayConfig.Endpoints, as written there) for a request in band: false
-// only when the routing is on, band is 0, and endpoint's last reading is
-// unusable or leaves less than the headroom free while another endpoint's
-// leaves it, or, when no endpoint's leaves it, leaves less free than
-// another's. A host with its own routing ranks the endpoints Eligible
-// rejects after every other (LeastLoadedFor does exactly that). An endpoint
-// the gateway does not know is eligible. A host that calls it once per
-// endpoint may, across a new reading, mix two readings in one pick:
-// Eligibility answers the same question for every endpoint from one
-// reading.
-func (g *Gateway) Eligible(band int, endpoint string) bool {
-	return g.Eligibility(band).Keeps(endpoint)
-}
-
-// Eligibility is the critical routing's verdict for one pick, taken from
-// one reading: Keeps(endpoint) is what Eligible(band, endpoint) reported
-// when Eligibility(band) was called, for every endpoint alike, however many
-// readings arrive meanwhile. A value is cheap (no allocation) and meant to
-// live for one routing decision:
-//
-//	el := gw.Eligibility(band)
-//	for _, ep := range candidates {
-//		if !el.Keeps(ep) { /* rank it after the others */ }
-//	}
-type Eligibility struct {
-	index map[string]int
-	keep  []bool // nil: every endpoint is kept
-}
-
-// Eligibility returns the critical routing's verdict for a request in band
-// as of the last reading (see Eligible).
-func (g *Gateway) Eligibility(band int) Eligibility {
-	if band != 0 || g.headroom == 0 {
-		return Eligibility{}
-	}
-	return Eligibility{index: g.index, keep: g.kvKeep()}
-}
-
-// Keeps reports whether the verdict keeps endpoint (one of
-// GatewayConfig.Endpoints, as written there); an endpoint the gateway does
-// not know is kept. The zero Eligibility keeps every endpoint.
-func (e Eligibility) Keeps(endpoint string) bool {
-	if e.keep == nil {
-		return true
-	}
-	i, ok := e.index[endpoint]
-	return !ok || e.keep[i]
-}
-
-// CriticalKVHeadroom returns the critical routing's headroom as configured
-// (GatewayConfig.CriticalKVHeadroom with its default); 0 when it is off.
-func (g *Gateway) CriticalKVHeadroom() float64 { return g.headroom }
-
-// pick is LeastLoaded's rule over the endpoints i with keep[i] (nil: all):
-// usable first, then the fewest in flight, ties to the first met from the
-// round-robin start (the counter advances on every pick, filtered or not).
-func (g *Gateway) pick(keep []bool) string {
-	n := len(g.endpoints)
-	if n == 0 {
-		return ""
-	}
-	start := int(g.rr.Add(1) % uint64(n))
-	best, bestLoad, bestUsable := -1, int64(0), false
-	for k := range n {
-		i := (start + k) % n
-		if keep != nil && !keep[i] {
-			continue
-		}
-		load, usable := g.poller.InFlight(g.murls[i]), g.usable[i].Load()
-		if best < 0 || usable && !bestUsable || usable == bestUsable && load < bestLoad {
-			best, bestLoad, bestUsable = i, load, usable
-		}
-	}
-	return g.endpoints[best]
-}
-
-// kvView is the critical routing's filter as of one poller reading
-// sequence: keep[i] for the endpoints with the headroom, or, when none has
-// it, for those with the lowest KV usage; nil when that keeps all of them
-// or no reading is usable (no filter).
-type kvView struct {
-	seq  uint64
-	keep []bool
-}
-
-// kvKeep returns the critical routing's filter (nil: none), rebuilt from
-// the poller's readings when a scrape result arrived since the last build
-// (Poller.ReadingSeq), so a pick reads the last reading, not one an
-// interval old. The rebuild is one snapshot of the poller's readings per
-// new reading at most, into a buffer kept for it (at 1,000 pods 25 µs and
-// one 1 KB filter, against 69 µs and 214 KB with a fresh Readings slice:
-// BenchmarkCriticalPick), since at that size nearly every critical pick
-// follows a new reading; a pick that finds another goroutine rebuilding
-// uses the previous filter.
-func (g *Gateway) kvKeep() []bool {
-	seq := g.poller.ReadingSeq()
-	v := g.kv.Load()
-	if v != nil && v.seq == seq {
-		return v.keep
-	}
-	if !g.kvMu.TryLock() {
-		if v != nil {
-			return v.keep
-		}
-		return nil
-	}
-	defer g.kvMu.Unlock()
-	if v = g.kv.Load(); v != nil && v.seq == seq {
-		return v.keep
-	}
-	n := len(g.endpoints)
-	keep, k := make([]bool, n), 0
-	limit, lowest := 1-g.headroom, math.Inf(1)
-	g.kvBuf = g.poller.AppendReadings(g.kvBuf[:0])
-	readings := g.kvBuf
-	// at is the index of a reading's endpoint, ok only for a usable one.
-	at := func(r *saturation.PodReading) (int, bool) {
-		i, ok := g.byMetric[r.Endpoint]
-		return i, ok && r.OK && r.Usable
-	}
-	for j := range readings {
-		r := &readings[j]
-		i, ok := at(r)
-		if !ok {
-			continue
-		}
-		lowest = min(lowest, r.KVUsage)
-		if !keep[i] && r.KVUsage <= limit {
-			keep[i] = true
-			k++
-		}
-	}
-	if k == 0 {
-		// No endpoint has the headroom: keep those with the most free,
-		// not all of them. A critical prompt waits at the head of a full
-		// replica's queue until enough blocks free, and a replica with
-		// more free gets there sooner (examples/sim/README.md, "round
-		// 5": over 20 seeds of reasoning@0.7 this fallback took the
-		// median critical TTFT p99 from 377 to 213 ms and the worst seed
-		// from 1.56 s to 845 ms; the fewest in flight or the fewest
-		// waiting as the fallback did worse).
-		for j := range readings {
-			if i, ok := at(&readings[j]); ok && !keep[i] && readings[j].KVUsage == lowest {
-				keep[i] = true
-				k++
-			}
-		}
-	}
-	v = &kvView{seq: seq}
-	if k > 0 && k < n {
-		v.keep = keep
-	}
-	g.kv.Store(v)
-	return v.keep
 }
 
 // Drain is the first step of a graceful shutdown: every queued request is

@@ -69,11 +69,11 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.gap, prometheus.GaugeValue, float64(max(gap, 0)))
 	usable := 0
 	for _, r := range c.g.poller.Readings() {
-		i, ok := c.g.byMetric[r.Endpoint]
+		i, ok := c.g.endpoints.byMetric[r.Endpoint]
 		if !ok {
 			continue
 		}
-		base := c.g.endpoints[i]
+		base := c.g.endpoints.bases[i]
 		if r.Usable {
 			usable++
 		}

@@ -31,10 +31,11 @@ type ServerConfig struct {
 	// ReservedConns is the headroom kept for critical requests: above
 	// MaxConns − ReservedConns connections, every new connection first
 	// evicts the longest-idle keep-alive one, and when none is idle it is
-	// served only for critical requests (Gateway.Critical) and GETs;
-	// anything else on it is answered 503 overloaded and the connection
-	// closed. So a client hoarding connections cannot take the room a
-	// critical request needs. 0: MaxConns/8 (at least 1); negative: none.
+	// served only for critical requests (whose headers place them in band
+	// 0) and GETs; anything else on it is answered 503 overloaded and the
+	// connection closed. So a client hoarding connections cannot take the
+	// room a critical request needs. 0: MaxConns/8 (at least 1); negative:
+	// none.
 	ReservedConns int
 	// DrainTimeout bounds a graceful shutdown: queued requests are
 	// answered 503 shutting-down at once, requests in flight get this
@@ -133,7 +134,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, next http.Handler,
 	}
 	lim := newConnLimiter(ln, cfg.MaxConns, cfg.ReservedConns)
 	srv := &http.Server{
-		Handler:           reserveForCritical(g.Critical, lim.release, g.Handler(next)),
+		Handler:           reserveForCritical(g.critical, lim.release, g.Handler(next)),
 		ConnContext:       connContext,
 		ConnState:         lim.connState,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
