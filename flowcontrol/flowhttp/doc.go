@@ -2,8 +2,8 @@
 // gated request in a flowcontrol.Controller band and calls the wrapped
 // handler only when the controller releases it, and Gateway, which wires
 // that handler to a saturation.Poller of the model servers, the in-flight
-// credit and the metrics, so that a Go proxy gets the protection the
-// example proxy measured by writing only its routing:
+// credit and the metrics, so that a Go proxy gets flowgate's protection by
+// writing only its routing:
 //
 //	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: backends})
 //	...
@@ -68,7 +68,7 @@
 //  4. Options.DefaultObjective (default: the last band).
 //
 // Memory is bounded by construction. Every body being read or waiting holds
-// its buffer in one budget, Options.MaxBodyMemory (64 MiB by default),
+// its buffer in one budget, Options.MaxBodyMemory (DefaultMaxBodyMemory by default),
 // charged before the buffer is allocated: a body that does not fit is
 // refused 429 body-memory-full before more of it is read. A quarter of it
 // (Options.CriticalReserve) is kept for requests whose headers place them in

@@ -94,11 +94,10 @@ const (
 	DefaultBodyGrace    = 5 * time.Second // before MinBodyRate applies
 	DefaultMinBodyRate  = 1 << 10         // 1 KiB/s
 	// DefaultMaxBodyMemory bounds every gated body being read or waiting,
-	// together. 64 MiB keeps a gateway's resident memory growth under
-	// 200 MiB whatever its clients send (a buffer that grows is live
-	// beside its copy for a moment, and the collector lets the heap reach
-	// about twice what is live), and holds some 6,000 waiting requests of
-	// 10 KiB.
+	// together: thousands of typical prompts fit, and the process's memory
+	// stays bounded whatever its clients send (resident memory may grow by
+	// about three times it: a growing buffer lives beside its copy for a
+	// moment, and the collector lets the heap reach twice what is live).
 	DefaultMaxBodyMemory = 64 << 20
 	// DefaultBodyIdleTimeout: a body of which nothing arrives for 10 s is
 	// cut, longer than any pause of a healthy client's connection.

@@ -31,29 +31,13 @@ var (
 // (vLLM's and SGLang's path).
 const DefaultMetricsPath = "/metrics"
 
-// CreditQueueDepthThreshold is the poller's Scorer.QueueDepthThreshold
-// the gateway ships with the in-flight credit on (a zero threshold takes
-// it; with NoCredit a zero threshold stays the reference
-// saturation.DefaultQueueDepthThreshold, 5).
-//
-// Why not 5: the credit charges each request sent since a pod's last
-// scrape at 1/Q of that pod's score (or its prompt tokens' share, if
-// larger) as soon as the pod's queue term leads, which is where a
-// saturated chat pool sits. At Q = 5 on two pods one
-// release raises the pool score by 0.1, and the sheddable band, held near
-// 0.9 by the soft-reflective ceiling, is hard-blocked until the next
-// scrape: in the simulator at chat@80 (seed 1) it spent 61 % of the ticks
-// blocked (9 % without the credit), the replicas ran batches of 695
-// instead of 755, and the pool kept 95.8 % of the throughput of no flow
-// control (5-seed median). At 6.25 a request weighs a fifth less (31 % of
-// the ticks blocked, batches of 742): 97.1 % of the throughput at a
-// critical TTFT p99 of 155 ms, inside 1.1× the 142 ms step-time bound (6
-// keeps 96.97 %, 6.5 gives 156.4 ms, over it). It costs the knee nothing:
-// there the credit charges a request its prompt tokens (a code-generation
-// pod's slope is PromptMean/PromptTokenThreshold, above 1/Q), so
-// codegen@16 reads 534 ms at every Q from 5 to 7, 1.95× the floor. The
-// sweeps are in examples/sim/README.md ("The exact credit"); the
-// simulator's default flowgate row runs this value.
+// CreditQueueDepthThreshold is the Scorer.QueueDepthThreshold a Gateway
+// runs with the in-flight credit on, when GatewayConfig.Poller leaves it 0
+// (with NoCredit, 0 means saturation.DefaultQueueDepthThreshold). It is
+// above that reference because the credit charges each request released
+// since the last scrape at once: a lower value makes each release weigh
+// more, and on a saturated pool blocks the sheddable band between scrapes,
+// at a cost in throughput.
 const CreditQueueDepthThreshold = 6.25
 
 // DefaultBands is GatewayConfig.Flow.Bands' default: llm-d's two objectives,
@@ -85,43 +69,44 @@ type GatewayConfig struct {
 	// must be nil: the gateway's saturation is the poller's, plus the
 	// credit below.
 	Flow flowcontrol.Config
-	// Admitter, if set, sheds at the door (flowcontrol.ControllerConfig).
+	// Admitter sheds at the door, before a request queues
+	// (flowcontrol.ControllerConfig). Nil: nothing is shed.
 	Admitter flowcontrol.Admitter
-	// OnOutcome, if set, is called with every queued request's outcome,
-	// after the metrics have counted it (flowcontrol.ControllerConfig).
+	// OnOutcome is called with every queued request's outcome, after the
+	// metrics have counted it (flowcontrol.ControllerConfig). Nil: only
+	// the metrics see it.
 	OnOutcome func(band int, outcome error, waited time.Duration)
 	// Poller configures the scraping of the endpoints' metrics (interval,
-	// timeout, scorer, metric names: zero fields are the poller's
-	// defaults). Endpoints must be empty (they come from Endpoints) and
-	// InFlight nil (the gateway counts through Forward);
+	// timeout, scorer, metric names); zero fields are the poller's
+	// defaults. Endpoints must be empty (they come from Endpoints) and
+	// InFlight nil (the gateway counts through Forward).
 	// Scorer.InFlightCredit is set from NoCredit, and with the credit on a
-	// zero Scorer.QueueDepthThreshold takes CreditQueueDepthThreshold. PeerInFlight adds
-	// other gateway replicas' requests (redisshare.Endpoint.Others).
+	// zero Scorer.QueueDepthThreshold means CreditQueueDepthThreshold.
+	// PeerInFlight adds other gateway replicas' requests
+	// (redisshare.Endpoint.Others).
 	Poller saturation.PollerConfig
-	// NoCredit turns the in-flight credit off: the saturation is then
-	// only what the scraped metrics said at the last scrape. With it on
-	// (the default), a request counts at once as waiting on its
-	// endpoint, from its release by the controller (before the host has
-	// even chosen the endpoint) to the scrape that sees it, and an open
-	// band re-reads the saturation after every release from a backlog
-	// (flowcontrol.Pacing.Recheck): without both, a backlog built while
-	// its band was gated reaches the pool in one tick the moment a
-	// reading dips, and every request released between two scrapes is
-	// invisible to the controller (see the package documentation).
+	// NoCredit turns the in-flight credit off, for comparison; false (the
+	// default) keeps it on. With it on, a request counts at once as
+	// waiting on the pool, from its release by the controller to the
+	// scrape that sees it, and an open band re-reads the saturation after
+	// every release from a backlog (flowcontrol.Pacing.Recheck). Off, the
+	// saturation is what the last scrape said, so a backlog released
+	// between two scrapes reaches the pool unseen (see the package
+	// documentation).
 	NoCredit bool
-	// NoPromptTokens leaves the poller's Scorer.PromptTokenThreshold at 0
-	// (off) when it is 0; otherwise a zero threshold takes
-	// saturation.DefaultPromptTokenThreshold: a pod's waiting prompt
-	// tokens (its waiting count times the mean prompt length of vLLM's
-	// vllm:request_prompt_tokens histogram) saturate it at 4096, so a
-	// queue of long prompts, several steps of prefill ahead of any new
-	// critical request, gates sheddable work where five short ones would
-	// not. Engines without that histogram (SGLang) have no such term.
+	// NoPromptTokens keeps a zero Poller.Scorer.PromptTokenThreshold at 0
+	// (no prompt-token term). False (the default): a zero threshold means
+	// saturation.DefaultPromptTokenThreshold, so a pod's waiting prompt
+	// tokens count as well as its waiting requests, since a queue of long
+	// prompts holds more prefill ahead of a new critical request than a
+	// queue of short ones. Engines without vLLM's
+	// vllm:request_prompt_tokens histogram (SGLang) have no such term.
 	NoPromptTokens bool
-	// HTTP configures Handler (classification, body bounds, OnFinish).
+	// HTTP configures Handler (classification, body bounds, OnFinish);
+	// its zero value protects (see Options).
 	HTTP Options
-	// Metrics configures the collector Collector returns; BandNames is
-	// filled from the bands.
+	// Metrics configures the collector Collector returns; zero fields are
+	// flowmetrics' defaults, and BandNames is filled from the bands.
 	Metrics flowmetrics.Options
 	// CriticalKVHeadroom turns on the Router's critical routing: a band-0
 	// request goes to an endpoint with at least this share of its KV cache
@@ -139,29 +124,20 @@ type GatewayConfig struct {
 
 // DefaultCriticalKVHeadroom is GatewayConfig.CriticalKVHeadroom's default
 // when the gateway forwards priority (HTTP.ForwardPriority PrioritySet).
-//
-// Why: under vLLM's priority scheduling a critical request passes every
-// sheddable one in a replica's waiting queue but still needs free KV blocks
-// for its prompt, and vLLM preempts no running request to admit a waiting
-// one: on a replica whose cache is full it waits at the head of the queue
-// until the running requests' growth forces a preemption, while another
-// replica may have room. In the simulator (examples/sim/README.md, "Backend
-// priority at reasoning@0.7") routing band 0 among the replicas with 10 %
-// of their cache free, and to the emptiest when none has it ("round 5"),
-// took reasoning@0.7's critical TTFT p99 with soft-reflective and backend
-// priority to 1.3× the critical-only floor on seeds 1–5 (241 ms) and over
-// seeds 1–40 (224 ms), with nothing else under reasoning@1.2 moving; 3 of
-// the 40 seeds stay above 4× the floor, and no headroom tried (0.05–0.3)
-// removes them. The headroom is a filter, not a score (sending every
-// critical request to the emptiest cache unbalanced the code-generation
-// pods).
+// A server that schedules by priority lets a critical request pass every
+// queued one, but admits it only once its prompt's KV blocks are free, and
+// preempts no running request to free them, while another server may have
+// the room now. The headroom filters the endpoints and does not rank them:
+// sending every critical request to the emptiest cache can unbalance the
+// pool.
 const DefaultCriticalKVHeadroom = 0.1
 
 // Gateway is a protected inference gateway short of its routing: the
 // metrics poller of the model servers, the in-flight credit, the
 // flowcontrol.Controller, the HTTP Handler and their metrics, wired as
 // examples/proxy runs them. The host routes: its handler, wrapped by
-// Handler, picks an endpoint however it likes and calls Forward with it.
+// Handler, picks an endpoint however it likes (Router offers a ready-made
+// pick) and calls Forward with it.
 //
 // A Gateway is safe for concurrent use. Its zero value is not usable: call
 // NewGateway.
