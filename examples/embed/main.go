@@ -2,7 +2,7 @@
 // gateway in front of vLLM servers, written against flowgate's public API
 // only (flowhttp.Gateway). Its routing, the least-loaded endpoint (for a
 // critical request, with -backend-priority, among those with room in their
-// KV cache: flowhttp.Gateway.Route), is the one line a host would replace
+// KV cache: flowhttp.Router.Route), is the one line a host would replace
 // with its own.
 //
 //	go run ./examples/embed -backends http://127.0.0.1:8001,http://127.0.0.1:8002
@@ -44,15 +44,16 @@ func main() {
 		log.Fatal(err)
 	}
 	prometheus.MustRegister(gw.Collector())
+	rt := gw.Router()
 	proxies := map[string]*httputil.ReverseProxy{}
-	for _, b := range gw.Endpoints() {
+	for _, b := range rt.Endpoints() {
 		target, _ := url.Parse(b) // NewGateway checked it
 		proxies[b] = httputil.NewSingleHostReverseProxy(target)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.Handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		b := gw.Route(w)         // the host's routing: least loaded, critical by KV room
+		b := rt.Route(w)         // the host's routing: least loaded, critical by KV room
 		defer gw.Forward(w, b)() // counted on b until the answer is copied
 		proxies[b].ServeHTTP(w, r)
 	})

@@ -73,7 +73,7 @@ func TestParseConfigCriticalKVHeadroom(t *testing.T) {
 		require.NoError(t, err, tc.src)
 		gw, err := flowhttp.NewGateway(gateway.GatewayConfig(cfg, nil))
 		require.NoError(t, err, tc.src)
-		require.Equal(t, tc.want, gw.CriticalKVHeadroom(), tc.src)
+		require.Equal(t, tc.want, gw.Router().CriticalKVHeadroom(), tc.src)
 		gw.Close()
 	}
 }

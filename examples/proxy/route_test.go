@@ -91,7 +91,7 @@ func TestCriticalRequestAvoidsAFullKVCache(t *testing.T) {
 		cfg := testConfig()
 		cfg.BodyPriority = gateway.BodyPrioritySet
 		h := newHarness(t, cfg, full, empty)
-		require.Equal(t, flowhttp.DefaultCriticalKVHeadroom, h.p.Gateway().CriticalKVHeadroom(), "on by default with bodyPriority set")
+		require.Equal(t, flowhttp.DefaultCriticalKVHeadroom, h.p.Gateway().Router().CriticalKVHeadroom(), "on by default with bodyPriority set")
 		defer fillCache(t, full)()
 		readKV(t, h.p.Poller(), full, empty)
 		for range 6 {
@@ -108,14 +108,14 @@ func TestCriticalRequestAvoidsAFullKVCache(t *testing.T) {
 		gw, err := flowhttp.NewGateway(gc)
 		require.NoError(t, err)
 		proxies := map[string]*httputil.ReverseProxy{}
-		for _, b := range gw.Endpoints() {
+		for _, b := range gw.Router().Endpoints() {
 			target, _ := url.Parse(b)
 			proxies[b] = httputil.NewSingleHostReverseProxy(target)
 		}
 		require.NoError(t, gw.Start(context.Background()))
 		defer gw.Close()
 		srv := httptest.NewServer(gw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			b := gw.Route(w)
+			b := gw.Router().Route(w)
 			defer gw.Forward(w, b)()
 			proxies[b].ServeHTTP(w, r)
 		})))

@@ -1,9 +1,9 @@
-// Package flowhttp is the net/http side of flowgate: the gate that puts each
+// Package flowhttp is the net/http side of flowgate: Handler, which puts each
 // gated request in a flowcontrol.Controller band and calls the wrapped
 // handler only when the controller releases it, and Gateway, which wires
-// that gate to a saturation.Poller of the model servers, the in-flight
-// credit and the metrics, so that a Go proxy gets the protection the
-// example proxy measured by writing only its routing:
+// that handler to a saturation.Poller of the model servers, the in-flight
+// credit and the metrics, so that a Go proxy gets flowgate's protection by
+// writing only its routing:
 //
 //	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: backends})
 //	...
@@ -16,27 +16,25 @@
 //
 // # Routing
 //
-// A host without a routing of its own calls Gateway.Route(w) in next: the
-// endpoint with the fewest requests this gateway has in flight (those
-// whose metrics read usable first, ties round-robin), as LeastLoaded picks
-// it, except for a critical (band 0) request when the critical routing is
-// on. Then it goes, by the same rule, to an endpoint whose last reading
-// leaves at least GatewayConfig.CriticalKVHeadroom of its KV cache free
-// (vllm:kv_cache_usage_perc ≤ 1 − headroom), when some endpoints have that
-// room and others do not, and to the endpoints with the most free when none
-// has it. The routing is on by default, at
-// DefaultCriticalKVHeadroom (10 %), when the gateway writes the band into
-// the forwarded body (Options.ForwardPriority PrioritySet): that is the
-// operator's statement that the model servers schedule by priority (vLLM's
-// --scheduling-policy priority), where a critical request passes every
-// sheddable one in the waiting queue but still needs KV blocks for its
-// prompt, and vLLM preempts nobody to admit it. Without priority
-// scheduling a critical request waits behind the queue wherever it goes,
-// and the routing is off unless CriticalKVHeadroom sets it;
-// NoCriticalKVRouting turns it off. BandOf tells next the band the gate
-// placed the request in; a host with its own routing ranks the endpoints
-// Gateway.Eligibility(band) rejects after the others (one reading for the
-// whole pick; Eligible asks for one endpoint), or calls LeastLoadedFor(band).
+// A host without a routing of its own asks the gateway's Router:
+// gw.Router().Route(w) in next picks the endpoint with the fewest requests
+// this gateway has in flight (those whose metrics read usable first, ties
+// round-robin), except for a critical (band 0) request when the critical
+// routing is on: that one goes, by the same rule, to an endpoint whose last
+// reading leaves at least GatewayConfig.CriticalKVHeadroom of its KV cache
+// free, when some endpoints have that room and others do not, and to the
+// endpoints with the most free when none has it. The routing is on by
+// default, at DefaultCriticalKVHeadroom, when the gateway writes the band
+// into the forwarded body (Options.ForwardPriority PrioritySet): that is
+// the operator's statement that the model servers schedule by priority
+// (vLLM's --scheduling-policy priority), where a critical request passes
+// every queued one but still needs KV blocks for its prompt, and vLLM
+// preempts nobody to admit it. Without priority scheduling a critical
+// request waits behind the queue wherever it goes, and the routing is off
+// unless CriticalKVHeadroom sets it; NoCriticalKVRouting turns it off. A
+// host with its own routing may ignore the Router: BandOf tells next the
+// band the request waited in, and Router.Eligibility(band) which endpoints
+// the critical routing would rank last (one reading for the whole pick).
 //
 // # Where unlabelled requests go
 //
@@ -70,7 +68,7 @@
 //  4. Options.DefaultObjective (default: the last band).
 //
 // Memory is bounded by construction. Every body being read or waiting holds
-// its buffer in one budget, Options.MaxBodyMemory (64 MiB by default),
+// its buffer in one budget, Options.MaxBodyMemory (DefaultMaxBodyMemory by default),
 // charged before the buffer is allocated: a body that does not fit is
 // refused 429 body-memory-full before more of it is read. A quarter of it
 // (Options.CriticalReserve) is kept for requests whose headers place them in

@@ -76,7 +76,7 @@ func ExampleNewGateway() {
 // body), so a critical request goes to a server with room in its KV cache.
 // Server a reports its cache 97 % full, b 30 %: every critical request goes
 // to b, whatever the in-flight counts say.
-func ExampleGateway_Route() {
+func ExampleRouter_Route() {
 	server := func(kv string) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/metrics" {
@@ -99,13 +99,14 @@ func ExampleGateway_Route() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	rt := gw.Router()
 	proxies := map[string]*httputil.ReverseProxy{}
-	for _, ep := range gw.Endpoints() {
+	for _, ep := range rt.Endpoints() {
 		target, _ := url.Parse(ep)
 		proxies[ep] = httputil.NewSingleHostReverseProxy(target)
 	}
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ep := gw.Route(w) // by the request's band (BandOf)
+		ep := rt.Route(w) // by the request's band (BandOf)
 		band, _ := flowhttp.BandOf(w)
 		fmt.Printf("band %d → %s\n", band, name[ep])
 		defer gw.Forward(w, ep)()
@@ -122,7 +123,7 @@ func ExampleGateway_Route() {
 	srv := httptest.NewServer(gw.Handler(next))
 	defer srv.Close()
 
-	fmt.Println("headroom", gw.CriticalKVHeadroom())
+	fmt.Println("headroom", rt.CriticalKVHeadroom())
 	for range 3 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
 		req.Header.Set(flowhttp.ObjectiveHeader, "critical")
@@ -145,7 +146,7 @@ func ExampleGateway_Route() {
 // rejects last. Both servers here are above the 10 % headroom line (97 %
 // and 95 % full), so band 0 is kept to the one with the most free, b;
 // every other band is routed as the host likes.
-func ExampleGateway_Eligibility() {
+func ExampleRouter_Eligibility() {
 	metrics := func(kv string) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprint(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc "+kv+"\n")
@@ -165,7 +166,7 @@ func ExampleGateway_Eligibility() {
 		log.Fatal(err)
 	}
 	for band := range 2 {
-		el := gw.Eligibility(band)
+		el := gw.Router().Eligibility(band)
 		fmt.Printf("band %d: a %v, b %v\n", band, el.Keeps(a.URL), el.Keeps(b.URL))
 	}
 	// Output:

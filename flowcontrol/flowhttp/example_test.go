@@ -61,8 +61,8 @@ func ExampleHandler_reverseProxy() {
 	defer ctrl.Close()
 	target, _ := url.Parse(model.URL)
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }}
-	gate := flowhttp.Handler(ctrl, rp, flowhttp.Options{})
-	srv := httptest.NewServer(gate)
+	h := flowhttp.Handler(ctrl, rp, flowhttp.Options{})
+	srv := httptest.NewServer(h)
 	defer srv.Close()
 
 	resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi"}`))

@@ -94,11 +94,10 @@ const (
 	DefaultBodyGrace    = 5 * time.Second // before MinBodyRate applies
 	DefaultMinBodyRate  = 1 << 10         // 1 KiB/s
 	// DefaultMaxBodyMemory bounds every gated body being read or waiting,
-	// together. 64 MiB keeps a gateway's resident memory growth under
-	// 200 MiB whatever its clients send (a buffer that grows is live
-	// beside its copy for a moment, and the collector lets the heap reach
-	// about twice what is live), and holds some 6,000 waiting requests of
-	// 10 KiB.
+	// together: thousands of typical prompts fit, and the process's memory
+	// stays bounded whatever its clients send (resident memory may grow by
+	// about three times it: a growing buffer lives beside its copy for a
+	// moment, and the collector lets the heap reach twice what is live).
 	DefaultMaxBodyMemory = 64 << 20
 	// DefaultBodyIdleTimeout: a body of which nothing arrives for 10 s is
 	// cut, longer than any pause of a healthy client's connection.
@@ -147,7 +146,7 @@ func flowOf(r *http.Request, start time.Time) (string, time.Time) {
 	return id, deadline
 }
 
-// Options configures Handler and Gateway's gate. The zero value protects:
+// Options configures Handler and Gateway.Handler. The zero value protects:
 // a request that names no objective is gated as the most sheddable band's,
 // bodies are bounded in size, pace and total memory, and the critical band
 // keeps a share of that memory no other request can take. The bands' names
@@ -230,9 +229,11 @@ var (
 	droppedKey         = http.CanonicalHeaderKey(DroppedReasonHeader)
 )
 
-// gate is what a Handler knows, shared by every handler built from it (a
-// Gateway's Handler calls): the bands, the classification and the budgets.
-type gate struct {
+// intake is the HTTP side of a Handler: it reads a gated request's body
+// within the budgets, classifies the request into a band, waits on the
+// controller and answers refusals. Every handler built on one intake (a
+// Gateway's Handler calls) shares its bands, classification and budgets.
+type intake struct {
 	c          *flowcontrol.Controller
 	bands      []band
 	used       []atomic.Int64 // bytes of waiting bodies per band
@@ -256,7 +257,7 @@ type gate struct {
 }
 
 type handler struct {
-	*gate
+	*intake
 	next http.Handler
 }
 
@@ -266,16 +267,16 @@ type handler struct {
 // DefaultObjective outside them, a negative duration); NewGateway reports
 // the same as an error.
 func Handler(c *flowcontrol.Controller, next http.Handler, opts Options) http.Handler {
-	g, err := newGate(c, opts)
+	in, err := newIntake(c, opts)
 	if err != nil {
 		panic(err.Error())
 	}
-	return &handler{gate: g, next: next}
+	return &handler{intake: in, next: next}
 }
 
-// newGate validates opts against c's bands and fills the defaults.
-func newGate(c *flowcontrol.Controller, opts Options) (*gate, error) {
-	g := &gate{
+// newIntake validates opts against c's bands and fills the defaults.
+func newIntake(c *flowcontrol.Controller, opts Options) (*intake, error) {
+	in := &intake{
 		c:        c,
 		classify: opts.Classify,
 		bodyPrio: !opts.IgnoreBodyPriority,
@@ -288,29 +289,29 @@ func newGate(c *flowcontrol.Controller, opts Options) (*gate, error) {
 		idle:     opts.BodyIdleTimeout,
 		onFinish: opts.OnFinish,
 	}
-	g.bands = bandsOf(c)
-	n := len(g.bands)
-	g.used = make([]atomic.Int64, n)
-	g.objectives = map[string]int{}
+	in.bands = bandsOf(c)
+	n := len(in.bands)
+	in.used = make([]atomic.Int64, n)
+	in.objectives = map[string]int{}
 	if opts.Objectives == nil {
-		g.objectives["critical"] = 0
-		g.objectives["sheddable"] = n - 1
-		for i, b := range g.bands {
-			g.objectives[strings.ToLower(b.name)] = i
+		in.objectives["critical"] = 0
+		in.objectives["sheddable"] = n - 1
+		for i, b := range in.bands {
+			in.objectives[strings.ToLower(b.name)] = i
 		}
 	} else {
 		for k, v := range opts.Objectives {
 			if v < 0 || v >= n {
 				return nil, fmt.Errorf("flowhttp: Options.Objectives[%q] = %d: not a band in [0, %d)", k, v, n)
 			}
-			g.objectives[strings.ToLower(k)] = v
+			in.objectives[strings.ToLower(k)] = v
 		}
 	}
-	g.defBand = n - 1
+	in.defBand = n - 1
 	if o := opts.DefaultObjective; o != "" {
-		b, ok := g.objectives[strings.ToLower(o)]
+		b, ok := in.objectives[strings.ToLower(o)]
 		if !ok {
-			for i, bd := range g.bands {
+			for i, bd := range in.bands {
 				if strings.EqualFold(bd.name, o) {
 					b, ok = i, true
 				}
@@ -319,7 +320,7 @@ func newGate(c *flowcontrol.Controller, opts Options) (*gate, error) {
 		if !ok {
 			return nil, fmt.Errorf("flowhttp: Options.DefaultObjective %q: neither an objective nor a band name", o)
 		}
-		g.defBand = b
+		in.defBand = b
 	}
 	switch opts.Priority {
 	case ConventionVLLM, ConventionSGLang:
@@ -334,20 +335,20 @@ func newGate(c *flowcontrol.Controller, opts Options) (*gate, error) {
 	if opts.BodyGrace < 0 {
 		return nil, fmt.Errorf("flowhttp: Options.BodyGrace must be ≥ 0, got %v", opts.BodyGrace)
 	}
-	if g.gated == nil {
-		g.gated = DefaultGated
+	if in.gated == nil {
+		in.gated = DefaultGated
 	}
-	if g.maxBody == 0 {
-		g.maxBody = DefaultMaxBodyBytes
+	if in.maxBody == 0 {
+		in.maxBody = DefaultMaxBodyBytes
 	}
-	if g.grace == 0 {
-		g.grace = DefaultBodyGrace
+	if in.grace == 0 {
+		in.grace = DefaultBodyGrace
 	}
-	if g.rate == 0 {
-		g.rate = DefaultMinBodyRate
+	if in.rate == 0 {
+		in.rate = DefaultMinBodyRate
 	}
-	if g.idle == 0 {
-		g.idle = DefaultBodyIdleTimeout
+	if in.idle == 0 {
+		in.idle = DefaultBodyIdleTimeout
 	}
 	total := opts.MaxBodyMemory
 	if total == 0 {
@@ -363,9 +364,9 @@ func newGate(c *flowcontrol.Controller, opts Options) (*gate, error) {
 		case reserve >= total:
 			return nil, fmt.Errorf("flowhttp: Options.CriticalReserve (%d) must be below MaxBodyMemory (%d)", reserve, total)
 		}
-		g.mem = &memory{total: total, shared: total - reserve}
+		in.mem = &memory{total: total, shared: total - reserve}
 	}
-	return g, nil
+	return in, nil
 }
 
 // DefaultGated is Options.Gated's default: every method except GET, HEAD and
@@ -393,45 +394,45 @@ func objective(hd http.Header) string {
 
 // headerBand is the band the headers alone give: the objective's, or ok
 // false when they name no known objective.
-func (g *gate) headerBand(hd http.Header) (int, bool) {
+func (in *intake) headerBand(hd http.Header) (int, bool) {
 	o := objective(hd)
 	if o == "" {
 		return 0, false
 	}
-	if b, ok := g.objectives[o]; ok {
+	if b, ok := in.objectives[o]; ok {
 		return b, true
 	}
-	b, ok := g.objectives[strings.ToLower(o)]
+	b, ok := in.objectives[strings.ToLower(o)]
 	return b, ok
 }
 
 // preBand is the band a request counts as while its body is read: its
 // headers' band, else DefaultObjective's. Classify and the body's priority
 // may still move it once the body is in.
-func (g *gate) preBand(hd http.Header) int {
-	if b, ok := g.headerBand(hd); ok {
+func (in *intake) preBand(hd http.Header) int {
+	if b, ok := in.headerBand(hd); ok {
 		return b
 	}
-	return g.defBand
+	return in.defBand
 }
 
 // classifyBand applies the objective header, Classify, the body's
 // priority and DefaultObjective, in that order.
-func (g *gate) classifyBand(r *http.Request, body []byte) int {
-	if b, ok := g.headerBand(r.Header); ok {
+func (in *intake) classifyBand(r *http.Request, body []byte) int {
+	if b, ok := in.headerBand(r.Header); ok {
 		return b
 	}
-	if g.classify != nil {
-		if b, ok := g.classify(r, body); ok && b >= 0 && b < len(g.bands) {
+	if in.classify != nil {
+		if b, ok := in.classify(r, body); ok && b >= 0 && b < len(in.bands) {
 			return b
 		}
 	}
-	if g.bodyPrio && body != nil {
+	if in.bodyPrio && body != nil {
 		if p, ok := BodyPriority(body); ok {
-			return g.conv.band(p, len(g.bands))
+			return in.conv.band(p, len(in.bands))
 		}
 	}
-	return g.defBand
+	return in.defBand
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -512,7 +513,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.TransferEncoding = nil
 	r.Header.Del("Expect")
 	r.Header.Del("Content-Length")
-	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, bandIdx: band, gate: h.gate}
+	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, bandIdx: band, intake: h.intake}
 	res.Reason = ReasonForwarded
 	defer func() {
 		if rec.forwarded {
@@ -557,18 +558,18 @@ const (
 // readBody reads the request body, bounded by size, by rate, by idle time
 // and by the memory budget, and returns it with the bytes it holds in the
 // budget (its capacity). critical says the request may use the reserve.
-func (g *gate) readBody(w http.ResponseWriter, r *http.Request, start time.Time, critical bool) (_ []byte, held int64, _ error) {
+func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Time, critical bool) (_ []byte, held int64, _ error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, nil
 	}
 	var src io.Reader = r.Body
-	if g.maxBody > 0 {
-		src = http.MaxBytesReader(w, r.Body, g.maxBody)
+	if in.maxBody > 0 {
+		src = http.MaxBytesReader(w, r.Body, in.maxBody)
 	}
 	var rc *http.ResponseController
-	if g.rate > 0 || g.idle > 0 {
+	if in.rate > 0 || in.idle > 0 {
 		rc = http.NewResponseController(w)
-		if rc.SetReadDeadline(g.deadline(start, 0, time.Now())) != nil {
+		if rc.SetReadDeadline(in.deadline(start, 0, time.Now())) != nil {
 			rc = nil // not supported by this writer: no time limit
 		}
 	}
@@ -578,8 +579,8 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request, start time.Time,
 	// EOF into), anything else grows by doubling as bytes arrive, so a
 	// client that declares 8 MiB and sends nothing holds 16 KiB.
 	limit := int64(-1) // the most the buffer may need to hold; -1 = unbounded
-	if g.maxBody > 0 {
-		limit = g.maxBody + 1
+	if in.maxBody > 0 {
+		limit = in.maxBody + 1
 	}
 	if n := r.ContentLength; n > 0 && (limit < 0 || n+1 <= limit) {
 		limit = n + 1
@@ -601,13 +602,13 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request, start time.Time,
 			c := capFor(int64(cap(buf)))
 			// Charge the new buffer before the old one is let go: both
 			// are live while the bytes are copied.
-			if !g.mem.acquire(c, critical) {
+			if !in.mem.acquire(c, critical) {
 				err = fmt.Errorf("%w: %d bytes read, %d more do not fit", ErrMemoryFull, len(buf), c-int64(cap(buf)))
 				break
 			}
 			nb := make([]byte, len(buf), c)
 			copy(nb, buf)
-			g.mem.release(held)
+			in.mem.release(held)
 			buf, held = nb, c
 		}
 		var n int
@@ -617,7 +618,7 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request, start time.Time,
 			break
 		}
 		if rc != nil && n > 0 {
-			_ = rc.SetReadDeadline(g.deadline(start, int64(len(buf)), time.Now()))
+			_ = rc.SetReadDeadline(in.deadline(start, int64(len(buf)), time.Now()))
 		}
 	}
 	if rc != nil {
@@ -644,13 +645,13 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request, start time.Time,
 // deadline is when the next byte of a body must have arrived, with n bytes
 // read by now: the earlier of the rate rule's arrival + BodyGrace +
 // n/MinBodyRate and the idle rule's now + BodyIdleTimeout.
-func (g *gate) deadline(start time.Time, n int64, now time.Time) time.Time {
+func (in *intake) deadline(start time.Time, n int64, now time.Time) time.Time {
 	var d time.Time
-	if g.rate > 0 {
-		d = start.Add(g.grace + time.Duration(float64(n)/float64(g.rate)*float64(time.Second)))
+	if in.rate > 0 {
+		d = start.Add(in.grace + time.Duration(float64(n)/float64(in.rate)*float64(time.Second)))
 	}
-	if g.idle > 0 {
-		if i := now.Add(g.idle); d.IsZero() || i.Before(d) {
+	if in.idle > 0 {
+		if i := now.Add(in.idle); d.IsZero() || i.Before(d) {
 			d = i
 		}
 	}
@@ -718,7 +719,7 @@ func errorType(status int) string {
 }
 
 // refuse answers err on flowhttp's own behalf and fills res.
-func (g *gate) refuse(w http.ResponseWriter, res *Result, err error) {
+func (in *intake) refuse(w http.ResponseWriter, res *Result, err error) {
 	res.Err = err
 	f, answer := refusalFor(err)
 	if !answer {
@@ -726,11 +727,11 @@ func (g *gate) refuse(w http.ResponseWriter, res *Result, err error) {
 		return
 	}
 	res.Status, res.Reason = f.status, f.reason
-	w.Header()[bandKey] = []string{g.bands[res.Band].name}
+	w.Header()[bandKey] = []string{in.bands[res.Band].name}
 	if f.closeIt {
 		w.Header().Set("Connection", "close")
 	}
-	msg := fmt.Sprintf("band %q, waited %v: %v", g.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
+	msg := fmt.Sprintf("band %q, waited %v: %v", in.bands[res.Band].name, res.Waited.Round(time.Millisecond), err)
 	WriteError(w, f.status, f.reason, msg, f.retry)
 }
 

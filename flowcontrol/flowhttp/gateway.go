@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,29 +31,13 @@ var (
 // (vLLM's and SGLang's path).
 const DefaultMetricsPath = "/metrics"
 
-// CreditQueueDepthThreshold is the poller's Scorer.QueueDepthThreshold
-// the gateway ships with the in-flight credit on (a zero threshold takes
-// it; with NoCredit a zero threshold stays the reference
-// saturation.DefaultQueueDepthThreshold, 5).
-//
-// Why not 5: the credit charges each request sent since a pod's last
-// scrape at 1/Q of that pod's score (or its prompt tokens' share, if
-// larger) as soon as the pod's queue term leads, which is where a
-// saturated chat pool sits. At Q = 5 on two pods one
-// release raises the pool score by 0.1, and the sheddable band, held near
-// 0.9 by the soft-reflective ceiling, is hard-blocked until the next
-// scrape: in the simulator at chat@80 (seed 1) it spent 61 % of the ticks
-// blocked (9 % without the credit), the replicas ran batches of 695
-// instead of 755, and the pool kept 95.8 % of the throughput of no flow
-// control (5-seed median). At 6.25 a request weighs a fifth less (31 % of
-// the ticks blocked, batches of 742): 97.1 % of the throughput at a
-// critical TTFT p99 of 155 ms, inside 1.1× the 142 ms step-time bound (6
-// keeps 96.97 %, 6.5 gives 156.4 ms, over it). It costs the knee nothing:
-// there the credit charges a request its prompt tokens (a code-generation
-// pod's slope is PromptMean/PromptTokenThreshold, above 1/Q), so
-// codegen@16 reads 534 ms at every Q from 5 to 7, 1.95× the floor. The
-// sweeps are in examples/sim/README.md ("The exact credit"); the
-// simulator's default flowgate row runs this value.
+// CreditQueueDepthThreshold is the Scorer.QueueDepthThreshold a Gateway
+// runs with the in-flight credit on, when GatewayConfig.Poller leaves it 0
+// (with NoCredit, 0 means saturation.DefaultQueueDepthThreshold). It is
+// above that reference because the credit charges each request released
+// since the last scrape at once: a lower value makes each release weigh
+// more, and on a saturated pool blocks the sheddable band between scrapes,
+// at a cost in throughput.
 const CreditQueueDepthThreshold = 6.25
 
 // DefaultBands is GatewayConfig.Flow.Bands' default: llm-d's two objectives,
@@ -83,55 +65,55 @@ type GatewayConfig struct {
 	// Empty: DefaultMetricsPath.
 	MetricsPath string
 	// Flow configures the controller: Bands (nil: DefaultBands()),
-	// Policy (nil: soft-reflective), Burst, Tick, Pacing, Now. Source
+	// Policy (nil: soft-reflective), Burst, Tick, BlockCritical, Now. Source
 	// must be nil: the gateway's saturation is the poller's, plus the
 	// credit below.
 	Flow flowcontrol.Config
-	// Admitter, if set, sheds at the door (flowcontrol.ControllerConfig).
+	// Admitter sheds at the door, before a request queues
+	// (flowcontrol.ControllerConfig). Nil: nothing is shed.
 	Admitter flowcontrol.Admitter
-	// OnOutcome, if set, is called with every queued request's outcome,
-	// after the metrics have counted it (flowcontrol.ControllerConfig).
+	// OnOutcome is called with every queued request's outcome, after the
+	// metrics have counted it (flowcontrol.ControllerConfig). Nil: only
+	// the metrics see it.
 	OnOutcome func(band int, outcome error, waited time.Duration)
 	// Poller configures the scraping of the endpoints' metrics (interval,
-	// timeout, scorer, metric names: zero fields are the poller's
-	// defaults). Endpoints must be empty (they come from Endpoints) and
-	// InFlight nil (the gateway counts through Forward);
+	// timeout, scorer, metric names); zero fields are the poller's
+	// defaults. Endpoints must be empty (they come from Endpoints) and
+	// InFlight nil (the gateway counts through Forward).
 	// Scorer.InFlightCredit is set from NoCredit, and with the credit on a
-	// zero Scorer.QueueDepthThreshold takes CreditQueueDepthThreshold. PeerInFlight adds
-	// other gateway replicas' requests (redisshare.Endpoint.Others).
+	// zero Scorer.QueueDepthThreshold means CreditQueueDepthThreshold.
+	// PeerInFlight adds other gateway replicas' requests
+	// (redisshare.Endpoint.Others).
 	Poller saturation.PollerConfig
-	// NoCredit turns the in-flight credit off: the saturation is then
-	// only what the scraped metrics said at the last scrape. With it on
-	// (the default), a released request counts at once as waiting on an
-	// average endpoint, and from Forward on as waiting on its own, until a
-	// scrape shows it, so the requests released between two scrapes close
-	// the gate before they fill the pool.
+	// NoCredit turns the in-flight credit off, for comparison; false (the
+	// default) keeps it on. With it on, a released request counts at once
+	// as waiting on an average endpoint, and from Forward on as waiting on
+	// its own, until a scrape shows it, so the requests released between
+	// two scrapes close the gate before they fill the pool. Off, the
+	// saturation is what the last scrape said.
 	NoCredit bool
-	// NoPromptTokens leaves the poller's Scorer.PromptTokenThreshold at 0
-	// (off) when it is 0; otherwise a zero threshold takes
-	// saturation.DefaultPromptTokenThreshold: a pod's waiting prompt
-	// tokens (its waiting count times the mean prompt length of vLLM's
-	// vllm:request_prompt_tokens histogram) saturate it at 4096, so a
-	// queue of long prompts, several steps of prefill ahead of any new
-	// critical request, gates sheddable work where five short ones would
-	// not. Engines without that histogram (SGLang) have no such term.
+	// NoPromptTokens keeps a zero Poller.Scorer.PromptTokenThreshold at 0
+	// (no prompt-token term). False (the default): a zero threshold means
+	// saturation.DefaultPromptTokenThreshold, so a pod's waiting prompt
+	// tokens count as well as its waiting requests, since a queue of long
+	// prompts holds more prefill ahead of a new critical request than a
+	// queue of short ones. Engines without vLLM's
+	// vllm:request_prompt_tokens histogram (SGLang) have no such term.
 	NoPromptTokens bool
-	// HTTP configures the gate (classification, body bounds, OnFinish).
+	// HTTP configures Handler (classification, body bounds, OnFinish);
+	// its zero value protects (see Options).
 	HTTP Options
-	// Metrics configures the collector Collector returns; BandNames is
-	// filled from the bands.
+	// Metrics configures the collector Collector returns; zero fields are
+	// flowmetrics' defaults, and BandNames is filled from the bands.
 	Metrics flowmetrics.Options
-	// CriticalKVHeadroom is the critical routing of LeastLoadedFor, Route
-	// and Eligible: a band-0 request goes to an endpoint with at least
-	// this share of its KV cache free at its last reading (1 −
-	// vllm:kv_cache_usage_perc, the poller's Reading.KVUsage, the pod
-	// usable), when some endpoints have it and others do not; when none
-	// has it, to the endpoints with the lowest usage. In [0, 1].
-	// Zero takes DefaultCriticalKVHeadroom when HTTP.ForwardPriority is
-	// PrioritySet (the operator's statement that the model servers
-	// schedule by priority) and leaves the routing off otherwise; a value
-	// above zero turns it on at that headroom whatever ForwardPriority
-	// says. NoCriticalKVRouting turns it off.
+	// CriticalKVHeadroom turns on the Router's critical routing: a band-0
+	// request goes to an endpoint with at least this share of its KV cache
+	// free at its last reading (1 − the poller's Reading.KVUsage), or, when
+	// none has it, to those with the most free. In [0, 1]. 0 means
+	// DefaultCriticalKVHeadroom when HTTP.ForwardPriority is PrioritySet
+	// (the operator's statement that the model servers schedule by
+	// priority), and off otherwise (NoCriticalKVRouting: off whatever
+	// ForwardPriority says).
 	CriticalKVHeadroom float64
 	// NoCriticalKVRouting turns the critical routing off: band 0 is routed
 	// as every band (CriticalKVHeadroom must then be 0).
@@ -140,47 +122,29 @@ type GatewayConfig struct {
 
 // DefaultCriticalKVHeadroom is GatewayConfig.CriticalKVHeadroom's default
 // when the gateway forwards priority (HTTP.ForwardPriority PrioritySet).
-//
-// Why: under vLLM's priority scheduling a critical request passes every
-// sheddable one in a replica's waiting queue but still needs free KV blocks
-// for its prompt, and vLLM preempts no running request to admit a waiting
-// one: on a replica whose cache is full it waits at the head of the queue
-// until the running requests' growth forces a preemption, while another
-// replica may have room. In the simulator (examples/sim/README.md, "Backend
-// priority at reasoning@0.7") routing band 0 among the replicas with 10 %
-// of their cache free, and to the emptiest when none has it ("round 5"),
-// took reasoning@0.7's critical TTFT p99 with soft-reflective and backend
-// priority to 1.3× the critical-only floor on seeds 1–5 (241 ms) and over
-// seeds 1–40 (224 ms), with nothing else under reasoning@1.2 moving; 3 of
-// the 40 seeds stay above 4× the floor, and no headroom tried (0.05–0.3)
-// removes them. The headroom is a filter, not a score (sending every
-// critical request to the emptiest cache unbalanced the code-generation
-// pods).
+// A server that schedules by priority lets a critical request pass every
+// queued one, but admits it only once its prompt's KV blocks are free, and
+// preempts no running request to free them, while another server may have
+// the room now. The headroom filters the endpoints and does not rank them:
+// sending every critical request to the emptiest cache can unbalance the
+// pool.
 const DefaultCriticalKVHeadroom = 0.1
 
 // Gateway is a protected inference gateway short of its routing: the
 // metrics poller of the model servers, the in-flight credit, the
-// flowcontrol.Controller, the HTTP gate and its metrics, wired as
+// flowcontrol.Controller, the HTTP Handler and their metrics, wired as
 // examples/proxy runs them. The host routes: its handler, wrapped by
-// Handler, picks an endpoint however it likes and calls Forward with it.
+// Handler, picks an endpoint however it likes (Router offers a ready-made
+// pick) and calls Forward with it.
 //
 // A Gateway is safe for concurrent use. Its zero value is not usable: call
 // NewGateway.
 type Gateway struct {
-	endpoints []string
-	murls     []string       // metrics URLs, in endpoint order
-	usable    []atomic.Bool  // the poller's verdict per endpoint, copied every interval (LeastLoaded)
-	rr        atomic.Uint64  // LeastLoaded's tie-breaker
-	index     map[string]int // base URL → its index in endpoints (and murls)
-	byMetric  map[string]int // metrics URL (the poller's name for it) → its index in endpoints
-	headroom  float64        // the critical routing's KV headroom; 0: off
-	kv        atomic.Pointer[kvView]
-	kvMu      sync.Mutex              // held while a kvView is rebuilt, and for kvBuf
-	kvBuf     []saturation.PodReading // the rebuild's snapshot, reused
+	endpoints Router // the endpoints, by index, and the ready-made routing over them
 	interval  time.Duration
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
-	gate      *gate
+	intake    *intake
 	col       *flowmetrics.Collector
 	extra     *gatewayCollector
 
@@ -211,31 +175,18 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if path == "" {
 		path = DefaultMetricsPath
 	}
-	g := &Gateway{index: map[string]int{}, byMetric: map[string]int{}}
+	g := &Gateway{}
 	switch {
 	case cfg.NoCriticalKVRouting:
 	case cfg.CriticalKVHeadroom > 0:
-		g.headroom = cfg.CriticalKVHeadroom
+		g.endpoints.headroom = cfg.CriticalKVHeadroom
 	case cfg.HTTP.ForwardPriority == PrioritySet:
-		g.headroom = DefaultCriticalKVHeadroom
+		g.endpoints.headroom = DefaultCriticalKVHeadroom
 	}
-	urls := make([]string, 0, len(cfg.Endpoints))
-	for i, raw := range cfg.Endpoints {
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("%w: Endpoints[%d] %q is not an http(s) base URL", ErrInvalidConfig, i, raw)
-		}
-		if _, dup := g.index[raw]; dup {
-			return nil, fmt.Errorf("%w: Endpoints[%d] %q is listed twice", ErrInvalidConfig, i, raw)
-		}
-		m := u.JoinPath(path).String()
-		g.index[raw] = len(g.endpoints)
-		g.byMetric[m] = len(g.endpoints)
-		g.endpoints = append(g.endpoints, raw)
-		urls = append(urls, m)
+	urls, err := g.endpoints.configure(cfg.Endpoints, path)
+	if err != nil {
+		return nil, err
 	}
-	g.murls = urls
-	g.usable = make([]atomic.Bool, len(urls))
 	pc := cfg.Poller
 	pc.Endpoints = urls
 	pc.Scorer.InFlightCredit = !cfg.NoCredit
@@ -292,20 +243,23 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if err := g.col.Bind(g.ctrl); err != nil {
 		return nil, fmt.Errorf("%w: Metrics: %w", ErrInvalidConfig, err)
 	}
-	g.gate, err = newGate(g.ctrl, cfg.HTTP)
+	g.intake, err = newIntake(g.ctrl, cfg.HTTP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: HTTP: %w", ErrInvalidConfig, err)
 	}
+	g.endpoints.poller = poller
 	g.extra = newGatewayCollector(g, mo)
 	return g, nil
 }
 
-// Handler returns the gate around next, the host's forwarding handler: a
+// Handler returns next, the host's forwarding handler, behind the queue: a
 // gated request reaches next once the controller releases it, with its body
 // buffered (see the package documentation). next calls Forward with the
 // endpoint it sends the request to. Handlers from several calls share the
 // gateway's queues and budgets.
-func (g *Gateway) Handler(next http.Handler) http.Handler { return &handler{gate: g.gate, next: next} }
+func (g *Gateway) Handler(next http.Handler) http.Handler {
+	return &handler{intake: g.intake, next: next}
+}
 
 // Forward tells the gateway that the request w answers is being sent to
 // endpoint (one of GatewayConfig.Endpoints, as written there), and returns
@@ -317,17 +271,17 @@ func (g *Gateway) Handler(next http.Handler) http.Handler { return &handler{gate
 // endpoint calls Forward again (and the first done); an endpoint the
 // gateway does not know is not counted.
 func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) {
-	if rec := recorderOf(w); rec != nil && rec.gate == g.gate && !rec.forwarded {
+	if rec := recorderOf(w); rec != nil && rec.intake == g.intake && !rec.forwarded {
 		// From here on the poller counts it (the gap between release
 		// and forwarding is exported as a metric).
 		rec.forwarded = true
-		g.gate.forwarded.Add(1)
+		g.intake.forwarded.Add(1)
 	}
-	i, ok := g.index[endpoint]
+	i, ok := g.endpoints.index[endpoint]
 	if !ok {
 		return func() {}
 	}
-	m := g.murls[i]
+	m := g.endpoints.murls[i]
 	if !g.poller.Dispatched(m) {
 		return func() {}
 	}
@@ -339,13 +293,14 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 	}
 }
 
-// Critical reports whether a request's headers place it in band 0 (its
-// objective, or DefaultObjective when it names none): what a server keeps
-// its reserved connections for (ServerConfig.ReservedConns).
-func (g *Gateway) Critical(h http.Header) bool { return g.gate.preBand(h) == 0 }
+// critical reports whether a request's headers place it in band 0 (its
+// objective, or DefaultObjective when it names none): what Serve keeps its
+// reserved connections for (ServerConfig.ReservedConns).
+func (g *Gateway) critical(h http.Header) bool { return g.intake.preBand(h) == 0 }
 
-// Endpoints returns the endpoints' base URLs, in configuration order.
-func (g *Gateway) Endpoints() []string { return append([]string(nil), g.endpoints...) }
+// Router returns the gateway's ready-made routing, which a host with its
+// own may ignore.
+func (g *Gateway) Router() *Router { return &g.endpoints }
 
 // Controller returns the flow controller (Stats, Bands, InFlight).
 func (g *Gateway) Controller() *flowcontrol.Controller { return g.ctrl }
@@ -383,7 +338,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	polled := make(chan struct{})
 	go func() { defer close(polled); _ = g.poller.Run(ctx) }()
 	watched := make(chan struct{})
-	go func() { defer close(watched); g.watch(ctx) }()
+	go func() { defer close(watched); g.endpoints.watch(ctx, g.interval) }()
 	go func() {
 		<-ran
 		<-polled
@@ -391,218 +346,6 @@ func (g *Gateway) Start(ctx context.Context) error {
 		close(g.stopped)
 	}()
 	return nil
-}
-
-// watch copies the poller's per-endpoint verdict (usable or not) every
-// interval, so that LeastLoaded reads atomics, not the poller's lock.
-func (g *Gateway) watch(ctx context.Context) {
-	t := time.NewTicker(g.interval)
-	defer t.Stop()
-	for {
-		for _, r := range g.poller.Readings() {
-			if i, ok := g.byMetric[r.Endpoint]; ok {
-				g.usable[i].Store(r.Usable)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// LeastLoaded is a ready-made routing choice for hosts that have none: the
-// endpoint with the fewest requests this gateway has in flight to it (as
-// counted by Forward), among those whose metrics the poller could use at
-// its last look (all of them if none could), ties broken round-robin. ""
-// when there are no endpoints. It routes every request alike; Route and
-// LeastLoadedFor add the critical routing (GatewayConfig.CriticalKVHeadroom).
-func (g *Gateway) LeastLoaded() string { return g.pick(nil) }
-
-// LeastLoadedFor is LeastLoaded for a request in band: with the critical
-// routing on (GatewayConfig.CriticalKVHeadroom) a band-0 request is routed
-// by LeastLoaded's rule among the endpoints Eligible keeps: those with the
-// headroom free in their KV cache at their last reading or, when none has
-// it, those with the most free (all of them when all have the headroom or
-// no reading is usable). Every other band, and band 0 with the routing off,
-// is routed as LeastLoaded routes it. "" when there are no endpoints.
-func (g *Gateway) LeastLoadedFor(band int) string {
-	if band != 0 || g.headroom == 0 {
-		return g.pick(nil)
-	}
-	return g.pick(g.kvKeep())
-}
-
-// Route is the ready-made routing of the request w answers, from the
-// handler Handler wraps: LeastLoadedFor the band the gate placed it in
-// (BandOf), or LeastLoaded for a request the gate did not queue (not gated,
-// or w is not a gated request's writer).
-//
-//	ep := gw.Route(w)
-//	defer gw.Forward(w, ep)()
-func (g *Gateway) Route(w http.ResponseWriter) string {
-	if band, ok := BandOf(w); ok {
-		return g.LeastLoadedFor(band)
-	}
-	return g.pick(nil)
-}
-
-// Eligible reports whether the critical routing keeps endpoint (one of
-// GatewayConfig.Endpoints, as written there) for a request in band: false
-// only when the routing is on, band is 0, and endpoint's last reading is
-// unusable or leaves less than the headroom free while another endpoint's
-// leaves it, or, when no endpoint's leaves it, leaves less free than
-// another's. A host with its own routing ranks the endpoints Eligible
-// rejects after every other (LeastLoadedFor does exactly that). An endpoint
-// the gateway does not know is eligible. A host that calls it once per
-// endpoint may, across a new reading, mix two readings in one pick:
-// Eligibility answers the same question for every endpoint from one
-// reading.
-func (g *Gateway) Eligible(band int, endpoint string) bool {
-	return g.Eligibility(band).Keeps(endpoint)
-}
-
-// Eligibility is the critical routing's verdict for one pick, taken from
-// one reading: Keeps(endpoint) is what Eligible(band, endpoint) reported
-// when Eligibility(band) was called, for every endpoint alike, however many
-// readings arrive meanwhile. A value is cheap (no allocation) and meant to
-// live for one routing decision:
-//
-//	el := gw.Eligibility(band)
-//	for _, ep := range candidates {
-//		if !el.Keeps(ep) { /* rank it after the others */ }
-//	}
-type Eligibility struct {
-	index map[string]int
-	keep  []bool // nil: every endpoint is kept
-}
-
-// Eligibility returns the critical routing's verdict for a request in band
-// as of the last reading (see Eligible).
-func (g *Gateway) Eligibility(band int) Eligibility {
-	if band != 0 || g.headroom == 0 {
-		return Eligibility{}
-	}
-	return Eligibility{index: g.index, keep: g.kvKeep()}
-}
-
-// Keeps reports whether the verdict keeps endpoint (one of
-// GatewayConfig.Endpoints, as written there); an endpoint the gateway does
-// not know is kept. The zero Eligibility keeps every endpoint.
-func (e Eligibility) Keeps(endpoint string) bool {
-	if e.keep == nil {
-		return true
-	}
-	i, ok := e.index[endpoint]
-	return !ok || e.keep[i]
-}
-
-// CriticalKVHeadroom returns the critical routing's headroom as configured
-// (GatewayConfig.CriticalKVHeadroom with its default); 0 when it is off.
-func (g *Gateway) CriticalKVHeadroom() float64 { return g.headroom }
-
-// pick is LeastLoaded's rule over the endpoints i with keep[i] (nil: all):
-// usable first, then the fewest in flight, ties to the first met from the
-// round-robin start (the counter advances on every pick, filtered or not).
-func (g *Gateway) pick(keep []bool) string {
-	n := len(g.endpoints)
-	if n == 0 {
-		return ""
-	}
-	start := int(g.rr.Add(1) % uint64(n))
-	best, bestLoad, bestUsable := -1, int64(0), false
-	for k := range n {
-		i := (start + k) % n
-		if keep != nil && !keep[i] {
-			continue
-		}
-		load, usable := g.poller.InFlight(g.murls[i]), g.usable[i].Load()
-		if best < 0 || usable && !bestUsable || usable == bestUsable && load < bestLoad {
-			best, bestLoad, bestUsable = i, load, usable
-		}
-	}
-	return g.endpoints[best]
-}
-
-// kvView is the critical routing's filter as of one poller reading
-// sequence: keep[i] for the endpoints with the headroom, or, when none has
-// it, for those with the lowest KV usage; nil when that keeps all of them
-// or no reading is usable (no filter).
-type kvView struct {
-	seq  uint64
-	keep []bool
-}
-
-// kvKeep returns the critical routing's filter (nil: none), rebuilt from
-// the poller's readings when a scrape result arrived since the last build
-// (Poller.ReadingSeq), so a pick reads the last reading, not one an
-// interval old. The rebuild is one snapshot of the poller's readings per
-// new reading at most, into a buffer kept for it (at 1,000 pods 25 µs and
-// one 1 KB filter, against 69 µs and 214 KB with a fresh Readings slice:
-// BenchmarkCriticalPick), since at that size nearly every critical pick
-// follows a new reading; a pick that finds another goroutine rebuilding
-// uses the previous filter.
-func (g *Gateway) kvKeep() []bool {
-	seq := g.poller.ReadingSeq()
-	v := g.kv.Load()
-	if v != nil && v.seq == seq {
-		return v.keep
-	}
-	if !g.kvMu.TryLock() {
-		if v != nil {
-			return v.keep
-		}
-		return nil
-	}
-	defer g.kvMu.Unlock()
-	if v = g.kv.Load(); v != nil && v.seq == seq {
-		return v.keep
-	}
-	n := len(g.endpoints)
-	keep, k := make([]bool, n), 0
-	limit, lowest := 1-g.headroom, math.Inf(1)
-	g.kvBuf = g.poller.AppendReadings(g.kvBuf[:0])
-	readings := g.kvBuf
-	// at is the index of a reading's endpoint, ok only for a usable one.
-	at := func(r *saturation.PodReading) (int, bool) {
-		i, ok := g.byMetric[r.Endpoint]
-		return i, ok && r.OK && r.Usable
-	}
-	for j := range readings {
-		r := &readings[j]
-		i, ok := at(r)
-		if !ok {
-			continue
-		}
-		lowest = min(lowest, r.KVUsage)
-		if !keep[i] && r.KVUsage <= limit {
-			keep[i] = true
-			k++
-		}
-	}
-	if k == 0 {
-		// No endpoint has the headroom: keep those with the most free,
-		// not all of them. A critical prompt waits at the head of a full
-		// replica's queue until enough blocks free, and a replica with
-		// more free gets there sooner (examples/sim/README.md, "round
-		// 5": over 20 seeds of reasoning@0.7 this fallback took the
-		// median critical TTFT p99 from 377 to 213 ms and the worst seed
-		// from 1.56 s to 845 ms; the fewest in flight or the fewest
-		// waiting as the fallback did worse).
-		for j := range readings {
-			if i, ok := at(&readings[j]); ok && !keep[i] && readings[j].KVUsage == lowest {
-				keep[i] = true
-				k++
-			}
-		}
-	}
-	v = &kvView{seq: seq}
-	if k > 0 && k < n {
-		v.keep = keep
-	}
-	g.kv.Store(v)
-	return v.keep
 }
 
 // Drain is the first step of a graceful shutdown: every queued request is

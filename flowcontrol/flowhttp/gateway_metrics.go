@@ -64,16 +64,16 @@ func (c *gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	c.g.col.Collect(ch)
-	ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(c.g.gate.mem.inUse()))
-	gap := c.g.ctrl.InFlight() - c.g.gate.forwarded.Load()
+	ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(c.g.intake.mem.inUse()))
+	gap := c.g.ctrl.InFlight() - c.g.intake.forwarded.Load()
 	ch <- prometheus.MustNewConstMetric(c.gap, prometheus.GaugeValue, float64(max(gap, 0)))
 	usable := 0
 	for _, r := range c.g.poller.Readings() {
-		i, ok := c.g.byMetric[r.Endpoint]
+		i, ok := c.g.endpoints.byMetric[r.Endpoint]
 		if !ok {
 			continue
 		}
-		base := c.g.endpoints[i]
+		base := c.g.endpoints.bases[i]
 		if r.Usable {
 			usable++
 		}

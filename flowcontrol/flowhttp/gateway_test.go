@@ -383,9 +383,9 @@ func TestGatewayServeDrainsAndReservesForCritical(t *testing.T) {
 	require.ErrorIs(t, gw.Start(context.Background()), flowhttp.ErrGatewayClosed)
 }
 
-// LeastLoaded picks the usable endpoint with the fewest requests in flight,
+// Router.LeastLoaded picks the usable endpoint with the fewest requests in flight,
 // and falls back to all endpoints when none is usable.
-func TestGatewayLeastLoaded(t *testing.T) {
+func TestRouterLeastLoaded(t *testing.T) {
 	a, b := newPod(t, nil), newPod(t, nil)
 	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(500) }))
 	t.Cleanup(broken.Close)
@@ -402,24 +402,24 @@ func TestGatewayLeastLoaded(t *testing.T) {
 	waitFor(t, "the verdicts copied: a and b usable, broken not", func() bool {
 		seen := map[string]bool{}
 		for range 12 { // every rotation, several times
-			seen[gw.LeastLoaded()] = true
+			seen[gw.Router().LeastLoaded()] = true
 		}
 		return len(seen) == 2 && seen[a.srv.URL] && seen[b.srv.URL]
 	})
 	// One request held on a: b is the least loaded, whatever the rotation.
 	doneA := gw.Forward(discardWriter{}, a.srv.URL)
 	for range 6 {
-		require.Equal(t, b.srv.URL, gw.LeastLoaded())
+		require.Equal(t, b.srv.URL, gw.Router().LeastLoaded())
 	}
 	doneB := gw.Forward(discardWriter{}, b.srv.URL)
 	doneB2 := gw.Forward(discardWriter{}, b.srv.URL)
 	for range 6 {
-		require.Equal(t, a.srv.URL, gw.LeastLoaded())
+		require.Equal(t, a.srv.URL, gw.Router().LeastLoaded())
 	}
 	doneA()
 	doneB()
 	doneB2()
 	empty, err := flowhttp.NewGateway(flowhttp.GatewayConfig{})
 	require.NoError(t, err)
-	require.Equal(t, "", empty.LeastLoaded())
+	require.Equal(t, "", empty.Router().LeastLoaded())
 }

@@ -27,7 +27,7 @@ type env struct {
 // start runs a controller (2 bands unless cfg says otherwise) and serves
 // next through Handler. Saturation 1 blocks the last band under the
 // default soft-reflective policy; band 0 always passes.
-// wrap, if given, wraps the gate (to count or catch what reaches it).
+// wrap, if given, wraps the Handler (to count or catch what reaches it).
 func start(t testing.TB, bands []flowcontrol.BandConfig, next http.Handler, opts flowhttp.Options, wrap ...func(http.Handler) http.Handler) *env {
 	t.Helper()
 	e := &env{pool: new(saturation.Value), finished: make(chan flowhttp.Result, 1024)}

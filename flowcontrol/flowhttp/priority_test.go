@@ -152,7 +152,7 @@ func TestPropertyConventionRoundTrip(t *testing.T) {
 		}
 		c, _, stop := runCtrl(t, bands)
 		defer stop()
-		// Written by one gate, read by another: the band survives.
+		// Written by one Handler, read by another: the band survives.
 		var written string
 		writer := flowhttp.Handler(c, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			raw, _ := io.ReadAll(r.Body)

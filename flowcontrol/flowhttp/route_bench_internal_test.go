@@ -49,20 +49,20 @@ func BenchmarkCriticalPick(b *testing.B) {
 		b.Run(fmt.Sprintf("pods=%d/least-loaded", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				g.LeastLoaded()
+				g.Router().LeastLoaded()
 			}
 		})
 		b.Run(fmt.Sprintf("pods=%d/critical", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				g.LeastLoadedFor(0)
+				g.Router().LeastLoadedFor(0)
 			}
 		})
 		b.Run(fmt.Sprintf("pods=%d/critical-new-reading", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				g.kv.Store(nil) // as if a scrape result had arrived
-				g.LeastLoadedFor(0)
+				g.endpoints.kv.Store(nil) // as if a scrape result had arrived
+				g.Router().LeastLoadedFor(0)
 			}
 		})
 		g.Close()

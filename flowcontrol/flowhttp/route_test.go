@@ -113,7 +113,7 @@ func (m *routeModel) pick(band int) int {
 	return best
 }
 
-// TestLeastLoadedForMatchesModel drives a Gateway through random sequences of
+// TestLeastLoadedForMatchesModel drives a Gateway's Router through random sequences of
 // scrapes (KV readings, failed scrapes), picks in random bands, forwards and
 // finishes, and requires LeastLoadedFor, Eligible and Eligibility to agree
 // with routeModel at every step, and an Eligibility to keep the verdict of
@@ -138,6 +138,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer gw.Close()
+		rt := gw.Router()
 		m := &routeModel{headroom: headroom, kv: make([]float64, n), ok: make([]bool, n), inflight: make([]int, n)}
 		type open struct {
 			i    int
@@ -145,7 +146,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 		}
 		var live []open
 		kvs := []float64{0, 0.3, 0.85, 0.9, 0.95, 0.99, 1}
-		held, heldKeep, heldAt := gw.Eligibility(0), m.keep(), -1 // before any scrape
+		held, heldKeep, heldAt := rt.Eligibility(0), m.keep(), -1 // before any scrape
 		for step := range rapid.IntRange(1, 100).Draw(t, "steps") {
 			switch rapid.IntRange(0, 3).Draw(t, "action") {
 			case 0: // a scrape of every endpoint
@@ -158,7 +159,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 				_ = gw.Poller().Scrape(context.Background()) // the failed scrapes are the point
 			case 1:
 				band := rapid.IntRange(0, 2).Draw(t, "band")
-				got, want := idx[gw.LeastLoadedFor(band)], m.pick(band)
+				got, want := idx[rt.LeastLoadedFor(band)], m.pick(band)
 				if got != want {
 					t.Fatalf("step %d: band %d went to %d, the model says %d (kv %v ok %v in flight %v, headroom %v)",
 						step, band, got, want, m.kv, m.ok, m.inflight, headroom)
@@ -178,10 +179,10 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 				for i, ep := range eps {
 					for band := range 2 {
 						want := band != 0 || keep == nil || keep[i]
-						if got := gw.Eligible(band, ep); got != want {
+						if got := rt.Eligible(band, ep); got != want {
 							t.Fatalf("step %d: Eligible(%d, %d) = %v, the model says %v (kv %v ok %v)", step, band, i, got, want, m.kv, m.ok)
 						}
-						if got := gw.Eligibility(band).Keeps(ep); got != want {
+						if got := rt.Eligibility(band).Keeps(ep); got != want {
 							t.Fatalf("step %d: Eligibility(%d).Keeps(%d) = %v, the model says %v (kv %v ok %v)", step, band, i, got, want, m.kv, m.ok)
 						}
 					}
@@ -193,7 +194,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 						t.Fatalf("step %d: an Eligibility(0) held since step %d keeps %d: %v, its reading said %v", step, heldAt, i, got, want)
 					}
 				}
-				held, heldKeep, heldAt = gw.Eligibility(0), keep, step
+				held, heldKeep, heldAt = rt.Eligibility(0), keep, step
 			}
 		}
 		for _, o := range live {
@@ -221,7 +222,7 @@ func TestCriticalKVHeadroomConfig(t *testing.T) {
 	} {
 		gw, err := flowhttp.NewGateway(tc.cfg)
 		require.NoError(t, err, name)
-		require.Equal(t, tc.want, gw.CriticalKVHeadroom(), name)
+		require.Equal(t, tc.want, gw.Router().CriticalKVHeadroom(), name)
 		gw.Close()
 	}
 	for name, cfg := range map[string]flowhttp.GatewayConfig{
@@ -243,7 +244,7 @@ type unwrapper struct{ http.ResponseWriter }
 
 func (u unwrapper) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 
-// BandOf tells the wrapped handler the band the gate placed its request in,
+// BandOf tells the wrapped handler the band Handler placed its request in,
 // whichever rule placed it, through a host's wrapper too; an ungated
 // request has none.
 func TestBandOf(t *testing.T) {
@@ -289,15 +290,15 @@ func TestBandOf(t *testing.T) {
 	require.False(t, ok)
 }
 
-// Route routes a writer the gate did not produce as LeastLoaded does.
+// Route routes a writer Handler did not produce as LeastLoaded does.
 func TestRouteUngated(t *testing.T) {
 	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}})
 	require.NoError(t, err)
 	defer gw.Close()
-	a, b := gw.Route(discardWriter{}), gw.Route(discardWriter{})
+	a, b := gw.Router().Route(discardWriter{}), gw.Router().Route(discardWriter{})
 	require.NotEqual(t, a, b, "round-robin between two idle endpoints")
 	empty, err := flowhttp.NewGateway(flowhttp.GatewayConfig{})
 	require.NoError(t, err)
-	require.Equal(t, "", empty.Route(discardWriter{}))
-	require.Equal(t, "", empty.LeastLoadedFor(0))
+	require.Equal(t, "", empty.Router().Route(discardWriter{}))
+	require.Equal(t, "", empty.Router().LeastLoadedFor(0))
 }

@@ -31,10 +31,11 @@ type ServerConfig struct {
 	// ReservedConns is the headroom kept for critical requests: above
 	// MaxConns − ReservedConns connections, every new connection first
 	// evicts the longest-idle keep-alive one, and when none is idle it is
-	// served only for critical requests (Gateway.Critical) and GETs;
-	// anything else on it is answered 503 overloaded and the connection
-	// closed. So a client hoarding connections cannot take the room a
-	// critical request needs. 0: MaxConns/8 (at least 1); negative: none.
+	// served only for critical requests (whose headers place them in band
+	// 0) and GETs; anything else on it is answered 503 overloaded and the
+	// connection closed. So a client hoarding connections cannot take the
+	// room a critical request needs. 0: MaxConns/8 (at least 1); negative:
+	// none.
 	ReservedConns int
 	// DrainTimeout bounds a graceful shutdown: queued requests are
 	// answered 503 shutting-down at once, requests in flight get this
@@ -112,9 +113,9 @@ func (g *Gateway) ListenAndServe(ctx context.Context, addr string, next http.Han
 	return g.Serve(ctx, ln, next, cfg)
 }
 
-// Serve runs the gateway (Start, unless it is running already) and a hardened HTTP server on ln whose
-// handler is the gate around next (Handler), until ctx is done; then it
-// shuts down gracefully (Drain, then http.Server.Shutdown within
+// Serve runs the gateway (Start, unless it is running already) and a
+// hardened HTTP server on ln whose handler is Handler(next), until ctx is
+// done; then it shuts down gracefully (Drain, then http.Server.Shutdown within
 // cfg.DrainTimeout, then the rest cut) and closes the gateway. It returns
 // nil after a clean shutdown, the server's error if it failed, or an error
 // saying the drain bound cut connections. ln is closed on return.
@@ -133,7 +134,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, next http.Handler,
 	}
 	lim := newConnLimiter(ln, cfg.MaxConns, cfg.ReservedConns)
 	srv := &http.Server{
-		Handler:           reserveForCritical(g.Critical, lim.release, g.Handler(next)),
+		Handler:           reserveForCritical(g.critical, lim.release, g.Handler(next)),
 		ConnContext:       connContext,
 		ConnState:         lim.connState,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,

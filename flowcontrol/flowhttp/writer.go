@@ -13,14 +13,14 @@ type recorder struct {
 	bandIdx int // the band's index (BandOf)
 	code    int
 	own     bool // WriteError answered through it: keep DroppedReasonHeader
-	// gate and forwarded serve Gateway.Forward: the request holds a
+	// intake and forwarded serve Gateway.Forward: the request holds a
 	// release, and whether it was already handed to an endpoint.
-	gate      *gate
+	intake    *intake
 	forwarded bool
 	reason    string // SetReason's
 }
 
-// SetReason tells the gate why the wrapped handler answered as it did, for
+// SetReason tells flowhttp why the wrapped handler answered as it did, for
 // the request w serves: Result.Reason reports it instead of
 // ReasonForwarded (for example "no-backend" or "backend-error" when the
 // handler refused on its own behalf with WriteError). It does nothing for a
@@ -31,12 +31,12 @@ func SetReason(w http.ResponseWriter, reason string) {
 	}
 }
 
-// BandOf returns the band the gate placed the request w answers in, for the
+// BandOf returns the band flowhttp placed the request w answers in, for the
 // handler Handler (or Gateway.Handler) wraps: after the objective header,
 // Options.Classify, the body's "priority" and Options.DefaultObjective
 // (see the package documentation), the band the request waited in. ok is
 // false for a writer that is not a gated request's (an ungated method, or
-// a handler called outside the gate); w may wrap the gate's writer (it is
+// a handler called outside Handler); w may wrap flowhttp's writer (it is
 // unwrapped through Unwrap, as http.ResponseController does).
 func BandOf(w http.ResponseWriter) (band int, ok bool) {
 	if r := recorderOf(w); r != nil {

@@ -56,7 +56,7 @@ const (
 	// the gateway's own requests in flight, then the lower index. Several gateways
 	// that scrape the same page herd onto the replica it shows emptiest.
 	RoutingScrape = "scrape"
-	// RoutingInFlight is the example proxy's and flowhttp.Gateway.LeastLoaded's
+	// RoutingInFlight is the example proxy's and flowhttp.Router.LeastLoaded's
 	// routing: the replica with the fewest requests in flight as this gateway sees
 	// them (its own, plus the other gateways' with SharedInFlight, as the proxy's
 	// shared view adds them), ties broken round-robin by a per-gateway counter.
@@ -75,7 +75,7 @@ const (
 	// least Config.CriticalKVHeadroom of their KV cache free at the gateway's last
 	// scrape (1 − vllm:kv_cache_usage_perc), by Config.Routing; when none has,
 	// among those with the lowest usage; when all have, among all
-	// (flowhttp.Gateway.LeastLoadedFor(0) with RoutingInFlight).
+	// (flowhttp.Router.LeastLoadedFor(0) with RoutingInFlight).
 	// Under vLLM's priority scheduling a critical request passes every sheddable
 	// one in the waiting queue but still needs free KV blocks for its prompt, and
 	// vLLM preempts no running request to admit a waiting one: on a replica whose

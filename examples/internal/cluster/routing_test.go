@@ -64,7 +64,7 @@ func TestInFlightRoutingIsLeastLoaded(t *testing.T) {
 				live = append(live[:k], live[k+1:]...)
 				continue
 			}
-			want := idx[gw.LeastLoaded()]
+			want := idx[gw.Router().LeastLoaded()]
 			got := s.route(g)
 			if got != want {
 				t.Fatalf("step %d: sim routed to %d, LeastLoaded to %d (own in flight %v)", step, got, want, g.inflight)
@@ -160,9 +160,9 @@ func TestCriticalKVRoutingIsLeastLoadedFor(t *testing.T) {
 			critical := rapid.Bool().Draw(t, "critical")
 			var got, want int
 			if critical {
-				want, got = idx[gw.LeastLoadedFor(0)], s.routeKV(g)
+				want, got = idx[gw.Router().LeastLoadedFor(0)], s.routeKV(g)
 			} else {
-				want, got = idx[gw.LeastLoadedFor(1)], s.route(g)
+				want, got = idx[gw.Router().LeastLoadedFor(1)], s.route(g)
 			}
 			if got != want {
 				kv := make([]float64, n)

@@ -807,7 +807,7 @@ func (s *sim) routeAmong(g *gateway, among []bool) int {
 	return s.routeScrape(g, among)
 }
 
-// routeKV (CriticalRoutingKV) filters, then routes, as flowhttp.Gateway.LeastLoadedFor(0)
+// routeKV (CriticalRoutingKV) filters, then routes, as flowhttp.Router.LeastLoadedFor(0)
 // does: the gateway's Routing decides among the replicas with at least
 // Config.CriticalKVHeadroom of their KV cache free at gateway g's last scrape (1 −
 // vllm:kv_cache_usage_perc) or, when none has it, among those with the lowest usage;
@@ -857,7 +857,7 @@ func (s *sim) routeScrape(g *gateway, among []bool) int {
 }
 
 // routeInFlight (RoutingInFlight) is the example proxy's pick and
-// flowhttp.Gateway.LeastLoaded, step for step: the counter advances first and the
+// flowhttp.Router.LeastLoaded, step for step: the counter advances first and the
 // scan starts at counter mod N, so a gateway's first pick scans from replica 1; the
 // first replica in that cyclic order with strictly the fewest requests in flight as
 // this gateway sees them (seen: own, plus the others' as last synced) wins. The

@@ -518,9 +518,6 @@ func (p *Proxy) Controller() *flowcontrol.Controller { return p.gw.Controller() 
 // Gateway returns the public gateway the proxy is built on.
 func (p *Proxy) Gateway() *flowhttp.Gateway { return p.gw }
 
-// Critical reports whether a request's headers place it in band 0.
-func (p *Proxy) Critical(h http.Header) bool { return p.gw.Critical(h) }
-
 // Poller returns the saturation poller (for its readings).
 func (p *Proxy) Poller() *saturation.Poller { return p.gw.Poller() }
 
@@ -733,10 +730,10 @@ func (b *bufferPool) Put(buf []byte) {
 // metrics the poller cannot use — unless every backend is in that state —
 // or nil if there is none. Among the backends not passed over, a request in
 // band 0 is first kept to those the gateway's critical routing keeps
-// (flowhttp.Gateway.Eligibility, one reading for the whole pick: those with
+// (flowhttp.Router.Eligibility, one reading for the whole pick: those with
 // the configured KV-cache headroom at their last reading, when some have it
 // and others not, those with the lowest usage when none has it; on by
-// default with bodyPriority set), as flowhttp.Gateway.LeastLoadedFor(0) does; a
+// default with bodyPriority set), as flowhttp.Router.LeastLoadedFor(0) does; a
 // failed or unusable backend is never chosen for its headroom over one that
 // is not. It tells Options.OnPick what it saw.
 func (p *Proxy) pick(band int) *backend {
@@ -749,7 +746,7 @@ func (p *Proxy) pick(band int) *backend {
 	if p.onPick != nil {
 		seen = make([]BackendState, n)
 	}
-	el := p.gw.Eligibility(band)
+	el := p.gw.Router().Eligibility(band)
 	start := int(p.rr.Add(1) % uint64(n))
 	var best *backend
 	bestAvoid, bestOut, bestAt := true, true, -1
