@@ -102,19 +102,8 @@ type fileFlowControl struct {
 	SaturationDetector *struct {
 		PluginRef string `yaml:"pluginRef"`
 	} `yaml:"saturationDetector"`
-	// BodyPriority: what the proxy does with vLLM's body field
-	// "priority": keep (classify by it, forward it), strip (classify by
-	// it, remove it before forwarding: vLLM refuses a non-zero priority
-	// unless run with --scheduling-policy priority), ignore, or set
-	// (classify by it, write the band into the forwarded body).
-	BodyPriority string `yaml:"bodyPriority"`
-	// CriticalKVHeadroom is flowgate's critical routing
-	// (flowhttp.GatewayConfig.CriticalKVHeadroom): a critical request goes
-	// to a backend with at least this share of its KV cache free at the
-	// last scrape, when some have it and others not, and to those with the
-	// lowest usage when none has it. Unset: 0.1 with
-	// bodyPriority set (the backends schedule by priority), off otherwise;
-	// 0 turns it off; a value in (0, 1] turns it on.
+	// flowgate's: Config.BodyPriority and Config.CriticalKVHeadroom.
+	BodyPriority       string   `yaml:"bodyPriority"`
 	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom"`
 }
 
@@ -141,24 +130,26 @@ type fileQueue struct {
 	FlowCapacity *int   `yaml:"flowCapacity"`
 }
 
-type fileSaturationDetector struct {
+// fileThresholds is what flowgate's saturationDetector section and llm-d's
+// utilization-detector parameters share; the section's win.
+type fileThresholds struct {
 	QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
 	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
 	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
-	ScrapeInterval            *time.Duration `yaml:"scrapeInterval"`
-	InFlightCredit            *bool          `yaml:"inFlightCredit"`
-	// Engine picks the metric names the poller reads: vllm (default) or
-	// sglang.
-	Engine string `yaml:"engine"`
+}
+
+type fileSaturationDetector struct {
+	fileThresholds `yaml:",inline"`
+	ScrapeInterval *time.Duration `yaml:"scrapeInterval"`
+	InFlightCredit *bool          `yaml:"inFlightCredit"`
+	Engine         string         `yaml:"engine"` // the metric names: vllm (default) or sglang
 }
 
 // fileDetector is llm-d's utilization-detector parameters.
 type fileDetector struct {
-	QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
-	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
-	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
-	StalenessPolicy           string         `yaml:"stalenessPolicy"`
-	Headroom                  *float64       `yaml:"headroom"`
+	fileThresholds  `yaml:",inline"`
+	StalenessPolicy string   `yaml:"stalenessPolicy"`
+	Headroom        *float64 `yaml:"headroom"`
 }
 
 // fileSharedInFlight is flowgate's own section: the in-flight view shared
@@ -503,23 +494,85 @@ var llmdOrdering = map[string]string{
 // resolve validates the decoded document and fills the defaults.
 func (p *parser) resolve(fc *fileConfig) Config {
 	cfg := DefaultConfig()
-	for _, s := range []struct {
-		name string
-		n    *yaml.Node
-	}{{"data", &fc.Data}, {"featureGates", &fc.FeatureGates}, {"parser", &fc.Parser},
-		{"requestControl", &fc.RequestControl}, {"schedulingProfiles", &fc.SchedulingProfiles}} {
-		if s.n.Kind != 0 {
-			p.warn("%s: ignored (flowgate orders requests; it does not pick endpoints)", p.at(s.name))
+	for _, section := range []string{"data", "featureGates", "parser", "requestControl", "schedulingProfiles"} {
+		if p.keys[section] != nil { // fileConfig's yaml.Node fields
+			p.warn("%s: ignored (flowgate orders requests; it does not pick endpoints)", p.at(section))
 		}
 	}
+	d := p.plugins(fc.Plugins)
+	fcf := &fc.FlowControl
+	const refPath = "flowControl.usageLimitPolicyPluginRef"
+	ref := fcf.UsageLimitPolicyPluginRef
+	switch r, ok := d.policies[ref]; {
+	case ref == "":
+	case ok:
+		cfg.Policy = r
+	case ref == policyStatic:
+		cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
+	case ref == policySoftReflective:
+		cfg.Policy = PolicyRef{Type: policySoftReflective}
+	case ref == policyHoldback: // llm-d has no default minCeiling either
+		p.fail(refPath, "%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
+	default:
+		p.fail(refPath, "%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
+	}
+	p.saturationDetector(&fc.SaturationDetector, fcf, d.detectors)
+	p.bands(&cfg, fcf, d.queueing)
+	if v := fcf.Tick; v != nil {
+		p.check(*v >= flowcontrol.MinTick && *v <= time.Second, "flowControl.tick", "must be in [%v, 1s], got %v", flowcontrol.MinTick, *v)
+		cfg.Tick = *v
+	}
+	if v := fcf.Burst; v != nil {
+		p.check(*v > 0 && *v <= 1<<20, "flowControl.burst", "must be in 1..%d, got %d", 1<<20, *v)
+		cfg.Burst = *v
+	}
+	switch v := fcf.BodyPriority; v {
+	case "":
+	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet:
+		cfg.BodyPriority = v
+	default:
+		p.fail("flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q", BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, v)
+	}
+	if v := fcf.CriticalKVHeadroom; v != nil {
+		p.check(finite(*v) && *v >= 0 && *v <= 1, "flowControl.criticalKVHeadroom", "must be in [0, 1] (0: off), got %v", *v)
+		cfg.CriticalKVHeadroom = new(*v)
+	}
+	p.saturation(&cfg.Saturation, fc.SaturationDetector)
+	if sh := fc.SharedInFlight; sh != nil {
+		cfg.Shared = p.shared(sh)
+	}
+	if cfg.Policy.Type == policyHoldback {
+		prios := make([]int, len(cfg.Bands))
+		for i, b := range cfg.Bands {
+			prios[i] = b.Priority
+		}
+		c, err := flowcontrol.HoldbackCeilings(cfg.Policy.Holdback, prios)
+		// holdback checked the parameters and the bands' priorities are
+		// distinct and sorted: not reached unless the two disagree.
+		p.check(err == nil, refPath, "%s: %v", ref, err)
+		cfg.Policy.Ceilings = c
+	}
+	s := cfg.Saturation
+	p.check(s.ScrapeInterval < s.MetricsStalenessThreshold, "saturationDetector.scrapeInterval",
+		"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", s.MetricsStalenessThreshold)
+	cfg.Warnings = p.warnings
+	return cfg
+}
 
-	// Plugins: names unique; policy types checked strictly; llm-d's
-	// utilization detector read; anything else ignored with a warning.
-	policies := map[string]PolicyRef{}
-	detectors := map[string]fileDetector{}
-	queuePlugins := map[string]string{} // fairness and ordering plugins: name → type
+// declared is what the plugins section declares, by plugin name.
+type declared struct {
+	policies  map[string]PolicyRef
+	detectors map[string]fileDetector
+	queueing  map[string]string // fairness and ordering plugins: their type
+}
+
+// plugins reads the plugins section: names unique; policy types checked
+// strictly; llm-d's utilization detector read; anything else ignored with a
+// warning.
+func (p *parser) plugins(plugins []filePlugin) declared {
+	d := declared{map[string]PolicyRef{}, map[string]fileDetector{}, map[string]string{}}
 	seen := map[string]bool{}
-	for i, pl := range fc.Plugins {
+	for i, pl := range plugins {
 		path := fmt.Sprintf("plugins[%d]", i)
 		params := path + ".parameters"
 		p.check(pl.Type != "", path+".type", "required (%s, %s or %s)", policyStatic, policySoftReflective, policyHoldback)
@@ -537,48 +590,34 @@ func (p *parser) resolve(fc *fileConfig) Config {
 				p.check(finite(*t) && *t > 0, params+".threshold", "must be a finite number > 0, got %v", *t)
 				ref.Threshold = *t
 			}
-			policies[name] = ref
+			d.policies[name] = ref
 		case policyHoldback:
-			policies[name] = PolicyRef{Type: policyHoldback, Holdback: p.holdback(&pl.Parameters, params)}
+			d.policies[name] = PolicyRef{Type: policyHoldback, Holdback: p.holdback(&pl.Parameters, params)}
 		case policySoftReflective:
 			if n := &pl.Parameters; n.Kind == yaml.MappingNode && len(n.Content) > 0 {
 				k := n.Content[0]
 				p.keys[params+"."+k.Value] = k
 				p.fail(params+"."+k.Value, "%s takes no %s (it has no free parameter)", policySoftReflective, k.Value)
 			}
-			policies[name] = PolicyRef{Type: policySoftReflective}
+			d.policies[name] = PolicyRef{Type: policySoftReflective}
 		case detectorUtilization:
-			var d fileDetector
-			p.decode(&pl.Parameters, params, &d)
-			detectors[name] = d
+			var det fileDetector
+			p.decode(&pl.Parameters, params, &det)
+			d.detectors[name] = det
 		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
-			queuePlugins[name] = pl.Type
+			d.queueing[name] = pl.Type
 		default:
 			p.warn("%s: plugin type %q ignored (flowgate implements %s, %s, %s and %s)", p.at(path),
 				pl.Type, policyStatic, policySoftReflective, policyHoldback, detectorUtilization)
 		}
 	}
+	return d
+}
 
-	fcf := &fc.FlowControl
-	const refPath = "flowControl.usageLimitPolicyPluginRef"
-	if ref := fcf.UsageLimitPolicyPluginRef; ref != "" {
-		switch r, ok := policies[ref]; {
-		case ok:
-			cfg.Policy = r
-		case ref == policyStatic:
-			cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
-		case ref == policySoftReflective:
-			cfg.Policy = PolicyRef{Type: policySoftReflective}
-		case ref == policyHoldback:
-			// llm-d has no default minCeiling either.
-			p.fail(refPath, "%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
-		default:
-			p.fail(refPath, "%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
-		}
-	}
-
-	// The saturation detector: llm-d's utilization-detector parameters,
-	// under flowgate's own saturationDetector section.
+// saturationDetector fills the thresholds sd leaves unset from the
+// utilization-detector flowControl.saturationDetector names (or the only one
+// declared), and warns of its parameters flowgate does not apply.
+func (p *parser) saturationDetector(sd *fileSaturationDetector, fcf *fileFlowControl, detectors map[string]fileDetector) {
 	var det *fileDetector
 	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
 		d, ok := detectors[sdr.PluginRef]
@@ -590,20 +629,25 @@ func (p *parser) resolve(fc *fileConfig) Config {
 			det = &d
 		}
 	}
-	sd := &fc.SaturationDetector
-	if det != nil {
-		if det.StalenessPolicy != "" && det.StalenessPolicy != "saturated" {
-			p.warn("%s stalenessPolicy %q ignored: a stale pod reads saturated", detectorUtilization, det.StalenessPolicy)
-		}
-		if det.Headroom != nil && *det.Headroom != 0 {
-			p.warn("%s headroom %v ignored", detectorUtilization, *det.Headroom)
-		}
-		sd.QueueDepthThreshold = cmp.Or(sd.QueueDepthThreshold, det.QueueDepthThreshold)
-		sd.KVCacheUtilThreshold = cmp.Or(sd.KVCacheUtilThreshold, det.KVCacheUtilThreshold)
-		sd.MetricsStalenessThreshold = cmp.Or(sd.MetricsStalenessThreshold, det.MetricsStalenessThreshold)
+	if det == nil {
+		return
 	}
+	if det.StalenessPolicy != "" && det.StalenessPolicy != "saturated" {
+		p.warn("%s stalenessPolicy %q ignored: a stale pod reads saturated", detectorUtilization, det.StalenessPolicy)
+	}
+	if det.Headroom != nil && *det.Headroom != 0 {
+		p.warn("%s headroom %v ignored", detectorUtilization, *det.Headroom)
+	}
+	sd.QueueDepthThreshold = cmp.Or(sd.QueueDepthThreshold, det.QueueDepthThreshold)
+	sd.KVCacheUtilThreshold = cmp.Or(sd.KVCacheUtilThreshold, det.KVCacheUtilThreshold)
+	sd.MetricsStalenessThreshold = cmp.Or(sd.MetricsStalenessThreshold, det.MetricsStalenessThreshold)
+}
 
-	// Global limits and the band template (llm-d).
+// bands resolves the bands, the default band and the objectives: the bands of
+// priorityBands, or flowgate's default ones, each under llm-d's band
+// template (defaultPriorityBand) and global limits (maxRequests, maxBytes,
+// defaultRequestTTL).
+func (p *parser) bands(cfg *Config, fcf *fileFlowControl, queueing map[string]string) {
 	globalReqs := p.quantity(&fcf.MaxRequests, "flowControl.maxRequests")
 	globalBytes := p.quantity(&fcf.MaxBytes, "flowControl.maxBytes")
 	if globalReqs != nil || globalBytes != nil {
@@ -622,14 +666,25 @@ func (p *parser) resolve(fc *fileConfig) Config {
 		defaultBand = n.Value
 	case yaml.MappingNode:
 		p.decode(n, tp, &tmpl)
-		tmplQueue = p.queueing(tmpl, tp, queuePlugins, Band{})
+		tmplQueue = p.queueing(tmpl, tp, queueing, Band{})
 	default:
 		p.fail(tp, "must be a band name or a band template")
 	}
 	tmplReqs := p.quantity(&tmpl.MaxRequests, tp+".maxRequests")
 	tmplBytes := p.quantity(&tmpl.MaxBytes, tp+".maxBytes")
 
-	if fcf.PriorityBands != nil {
+	if fcf.PriorityBands == nil {
+		// flowgate's default bands take the template's fairness, ordering
+		// and flow capacity (and the default request TTL).
+		for i := range cfg.Bands {
+			b := &cfg.Bands[i]
+			if w := fcf.DefaultRequestTTL; w != nil {
+				b.MaxWait = *w
+			}
+			b.Fairness, b.Ordering, b.FlowCapacity = tmplQueue.Fairness, tmplQueue.Ordering, tmplQueue.FlowCapacity
+			p.checkFlowCapacity(*b, tp+".flowCapacity")
+		}
+	} else {
 		p.check(len(fcf.PriorityBands) > 0, "flowControl.priorityBands", "at least one band is required")
 		cfg.Bands = nil
 		names, prios := map[string]bool{}, map[int]bool{}
@@ -640,12 +695,10 @@ func (p *parser) resolve(fc *fileConfig) Config {
 			p.check(!prios[*b.Priority], path+".priority", "duplicate priority %d", *b.Priority)
 			prios[*b.Priority] = true
 			name := cmp.Or(b.Name, fmt.Sprintf("priority%d", *b.Priority)) // llm-d's bands have no name
-			if err := checkBandName(name); err != nil {
-				p.fail(path+".name", "%q: %v", name, err)
-			}
+			p.checkBandName(name, path+".name")
 			p.check(!names[name], path+".name", "duplicate band name %q", name)
 			names[name] = true
-			band := p.queueing(b.fileQueue, path, queuePlugins, tmplQueue)
+			band := p.queueing(b.fileQueue, path, queueing, tmplQueue)
 			band.Name, band.Priority, band.Capacity, band.MaxBytes = name, *b.Priority, defaultBandCapacity, DefaultBandBytes
 
 			reqs, capPath := p.quantity(&b.MaxRequests, path+".maxRequests"), path+".capacity"
@@ -692,19 +745,7 @@ func (p *parser) resolve(fc *fileConfig) Config {
 		slices.SortStableFunc(cfg.Bands, func(a, b Band) int { return cmp.Compare(b.Priority, a.Priority) })
 		cfg.DefaultBand = len(cfg.Bands) - 1
 		cfg.Objectives = defaultObjectives(cfg.Bands)
-	} else {
-		// flowgate's default bands take the template's fairness, ordering
-		// and flow capacity (and the default request TTL).
-		for i := range cfg.Bands {
-			b := &cfg.Bands[i]
-			if w := fcf.DefaultRequestTTL; w != nil {
-				b.MaxWait = *w
-			}
-			b.Fairness, b.Ordering, b.FlowCapacity = tmplQueue.Fairness, tmplQueue.Ordering, tmplQueue.FlowCapacity
-			p.checkFlowCapacity(*b, tp+".flowCapacity")
-		}
 	}
-
 	if defaultBand != "" {
 		cfg.DefaultBand = p.bandIndex(cfg.Bands, tp, defaultBand)
 	}
@@ -712,43 +753,26 @@ func (p *parser) resolve(fc *fileConfig) Config {
 		p.check(obj != "", "flowControl.objectives", "empty objective name")
 		cfg.Objectives[obj] = p.bandIndex(cfg.Bands, "flowControl.objectives."+obj, fcf.Objectives[obj])
 	}
-	if v := fcf.Tick; v != nil {
-		p.check(*v >= flowcontrol.MinTick && *v <= time.Second, "flowControl.tick", "must be in [%v, 1s], got %v", flowcontrol.MinTick, *v)
-		cfg.Tick = *v
-	}
-	if v := fcf.Burst; v != nil {
-		p.check(*v > 0 && *v <= 1<<20, "flowControl.burst", "must be in 1..%d, got %d", 1<<20, *v)
-		cfg.Burst = *v
-	}
-	switch v := fcf.BodyPriority; v {
-	case "":
-	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet:
-		cfg.BodyPriority = v
-	default:
-		p.fail("flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q", BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, v)
-	}
-	if v := fcf.CriticalKVHeadroom; v != nil {
-		p.check(finite(*v) && *v >= 0 && *v <= 1, "flowControl.criticalKVHeadroom", "must be in [0, 1] (0: off), got %v", *v)
-		cfg.CriticalKVHeadroom = new(*v)
-	}
+}
 
-	const sdp = "saturationDetector."
-	s := &cfg.Saturation
+// saturation applies the saturationDetector section to the poller's settings.
+func (p *parser) saturation(s *SaturationConfig, sd fileSaturationDetector) {
+	const at = "saturationDetector."
 	if v := sd.QueueDepthThreshold; v != nil {
-		p.check(finite(*v) && *v > 0, sdp+"queueDepthThreshold", "must be a finite number > 0, got %v", *v)
+		p.check(finite(*v) && *v > 0, at+"queueDepthThreshold", "must be a finite number > 0, got %v", *v)
 		s.QueueDepthThreshold = *v
 	}
 	if v := sd.KVCacheUtilThreshold; v != nil {
-		p.check(finite(*v) && *v > 0 && *v <= 1, sdp+"kvCacheUtilThreshold", "must be in (0, 1], got %v", *v)
+		p.check(finite(*v) && *v > 0 && *v <= 1, at+"kvCacheUtilThreshold", "must be in (0, 1], got %v", *v)
 		s.KVCacheUtilThreshold = *v
 	}
 	if v := sd.MetricsStalenessThreshold; v != nil {
-		p.check(*v >= saturation.MinStaleness && *v <= saturation.MaxStaleness, sdp+"metricsStalenessThreshold",
+		p.check(*v >= saturation.MinStaleness && *v <= saturation.MaxStaleness, at+"metricsStalenessThreshold",
 			"must be in [%v, %v], got %v", saturation.MinStaleness, saturation.MaxStaleness, *v)
 		s.MetricsStalenessThreshold = *v
 	}
 	if v := sd.ScrapeInterval; v != nil {
-		p.check(*v >= saturation.MinInterval && *v <= saturation.MaxInterval, sdp+"scrapeInterval",
+		p.check(*v >= saturation.MinInterval && *v <= saturation.MaxInterval, at+"scrapeInterval",
 			"must be in [%v, %v], got %v", saturation.MinInterval, saturation.MaxInterval, *v)
 		s.ScrapeInterval = *v
 	}
@@ -760,43 +784,32 @@ func (p *parser) resolve(fc *fileConfig) Config {
 	case EngineVLLM, EngineSGLang:
 		s.Engine = sd.Engine
 	default:
-		p.fail(sdp+"engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
+		p.fail(at+"engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
 	}
-	if sh := fc.SharedInFlight; sh != nil {
-		p.check(sh.Address != "" || sh.URL != "", "sharedInFlight.address",
-			"required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
-		cfg.Shared = SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
-		if v := sh.Period; v != nil {
-			p.check(*v > 0, "sharedInFlight.period", "must be > 0, got %v", *v)
-			cfg.Shared.Period = *v
-		}
-		if v := sh.TTL; v != nil {
-			p.check(*v > 0, "sharedInFlight.ttl", "must be > 0, got %v", *v)
-			cfg.Shared.TTL = *v
-		}
-		chk := cfg.Shared
-		chk.ReplicaID = cmp.Or(chk.ReplicaID, "-") // may come from the proxy's -replica-id; checked there
-		if err := chk.Validate(SharedFileFields); err != nil {
-			field, msg, _ := strings.Cut(err.Error(), ": ") // Validate's message starts with the field
-			p.fail(field, "%s", msg)
-		}
-		cfg.Shared.Period, cfg.Shared.TTL = chk.Period, chk.TTL // the defaults Validate filled
+}
+
+// shared resolves the sharedInFlight section; SharedConfig.Validate states
+// the rules, bar the replica's name, which may come from -replica-id.
+func (p *parser) shared(sh *fileSharedInFlight) SharedConfig {
+	p.check(sh.Address != "" || sh.URL != "", "sharedInFlight.address",
+		"required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
+	s := SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
+	if v := sh.Period; v != nil {
+		p.check(*v > 0, "sharedInFlight.period", "must be > 0, got %v", *v)
+		s.Period = *v
 	}
-	if cfg.Policy.Type == policyHoldback {
-		prios := make([]int, len(cfg.Bands))
-		for i, b := range cfg.Bands {
-			prios[i] = b.Priority
-		}
-		c, err := flowcontrol.HoldbackCeilings(cfg.Policy.Holdback, prios)
-		// holdback checked the parameters and the bands' priorities are
-		// distinct and sorted: not reached unless the two disagree.
-		p.check(err == nil, refPath, "%s: %v", fcf.UsageLimitPolicyPluginRef, err)
-		cfg.Policy.Ceilings = c
+	if v := sh.TTL; v != nil {
+		p.check(*v > 0, "sharedInFlight.ttl", "must be > 0, got %v", *v)
+		s.TTL = *v
 	}
-	p.check(s.ScrapeInterval < s.MetricsStalenessThreshold, sdp+"scrapeInterval",
-		"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", s.MetricsStalenessThreshold)
-	cfg.Warnings = p.warnings
-	return cfg
+	chk := s
+	chk.ReplicaID = cmp.Or(chk.ReplicaID, "-")
+	if err := chk.Validate(SharedFileFields); err != nil {
+		field, msg, _ := strings.Cut(err.Error(), ": ") // Validate's message starts with the field
+		p.fail(field, "%s", msg)
+	}
+	s.Period, s.TTL = chk.Period, chk.TTL // the defaults Validate filled
+	return s
 }
 
 // quantity reads an optional quantity node at path (a maxRequests, a count
@@ -882,19 +895,12 @@ func (p *parser) bandIndex(bands []Band, path, name string) int {
 
 // checkBandName refuses a band name that would make metrics, logs or HTTP
 // headers unreadable.
-func checkBandName(name string) error {
-	if len(name) > flowcontrol.MaxBandNameLen {
-		return fmt.Errorf("longer than %d bytes", flowcontrol.MaxBandNameLen)
-	}
-	if !utf8.ValidString(name) {
-		return errors.New("not valid UTF-8")
-	}
+func (p *parser) checkBandName(name, path string) {
+	p.check(len(name) <= flowcontrol.MaxBandNameLen, path, "%q: longer than %d bytes", name, flowcontrol.MaxBandNameLen)
+	p.check(utf8.ValidString(name), path, "%q: not valid UTF-8", name)
 	for _, r := range name {
-		if unicode.IsControl(r) || !unicode.IsPrint(r) || r == ' ' {
-			return fmt.Errorf("holds %q: band names are printable, without spaces", r)
-		}
+		p.check(!unicode.IsControl(r) && unicode.IsPrint(r) && r != ' ', path, "%q: holds %q: band names are printable, without spaces", name, r)
 	}
-	return nil
 }
 
 // holdback reads priority-holdback-policy's parameters as llm-d does: shape
