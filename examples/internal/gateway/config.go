@@ -10,9 +10,7 @@ import (
 	"math"
 	"net"
 	"os"
-	"reflect"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -60,8 +58,6 @@ import (
 // gated. usageLimitPolicyPluginRef names either a plugin declared under
 // plugins (by its name) or a registered policy type directly, with its default
 // parameters (priority-holdback-policy has none for minCeiling, so it must be
-// declared: parameters shape, domain, minCeiling, maxCeiling, ceilings, as
-// llm-d reads them).
 
 // fileConfig is the document as written; every field is optional. It is
 // llm-d's EndpointPickerConfig: the sections flowgate has no use for
@@ -92,8 +88,8 @@ type fileFlowControl struct {
 	UsageLimitPolicyPluginRef string     `yaml:"usageLimitPolicyPluginRef"`
 	PriorityBands             []fileBand `yaml:"priorityBands"`
 	// DefaultPriorityBand is a band's name (flowgate: the band of
-	// requests nothing else places) or llm-d's band template (the
-	// defaults of bands that do not set maxRequests/maxBytes).
+	// requests nothing else places) or llm-d's band template (a
+	// fileQueue: the defaults of bands that do not set them).
 	DefaultPriorityBand yaml.Node         `yaml:"defaultPriorityBand"`
 	Objectives          map[string]string `yaml:"objectives"`
 	Tick                *time.Duration    `yaml:"tick"`
@@ -106,27 +102,21 @@ type fileFlowControl struct {
 	SaturationDetector *struct {
 		PluginRef string `yaml:"pluginRef"`
 	} `yaml:"saturationDetector"`
-	// BodyPriority: what the proxy does with vLLM's body field
-	// "priority": keep (classify by it, forward it), strip (classify by
-	// it, remove it before forwarding: vLLM refuses a non-zero priority
-	// unless run with --scheduling-policy priority), ignore, or set
-	// (classify by it, write the band into the forwarded body).
-	BodyPriority string `yaml:"bodyPriority"`
-	// CriticalKVHeadroom is flowgate's critical routing
-	// (flowhttp.GatewayConfig.CriticalKVHeadroom): a critical request goes
-	// to a backend with at least this share of its KV cache free at the
-	// last scrape, when some have it and others not, and to those with the
-	// lowest usage when none has it. Unset: 0.1 with
-	// bodyPriority set (the backends schedule by priority), off otherwise;
-	// 0 turns it off; a value in (0, 1] turns it on.
+	// flowgate's: Config.BodyPriority and Config.CriticalKVHeadroom.
+	BodyPriority       string   `yaml:"bodyPriority"`
 	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom"`
 }
 
 type fileBand struct {
-	Name     string         `yaml:"name"`
-	Priority *int           `yaml:"priority"`
-	Capacity *int           `yaml:"capacity"`
-	MaxWait  *time.Duration `yaml:"maxWait"`
+	Name      string         `yaml:"name"`
+	Priority  *int           `yaml:"priority"`
+	Capacity  *int           `yaml:"capacity"`
+	MaxWait   *time.Duration `yaml:"maxWait"`
+	fileQueue `yaml:",inline"`
+}
+
+// fileQueue is what a band and the band template share.
+type fileQueue struct {
 	// llm-d's names: maxRequests is capacity (a quantity such as "500"
 	// or "1k"), maxBytes the byte budget ("512Mi", "1Gi", bytes).
 	MaxRequests       yaml.Node `yaml:"maxRequests"`
@@ -140,15 +130,26 @@ type fileBand struct {
 	FlowCapacity *int   `yaml:"flowCapacity"`
 }
 
-type fileSaturationDetector struct {
+// fileThresholds is what flowgate's saturationDetector section and llm-d's
+// utilization-detector parameters share; the section's win.
+type fileThresholds struct {
 	QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
 	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
 	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
-	ScrapeInterval            *time.Duration `yaml:"scrapeInterval"`
-	InFlightCredit            *bool          `yaml:"inFlightCredit"`
-	// Engine picks the metric names the poller reads: vllm (default) or
-	// sglang.
-	Engine string `yaml:"engine"`
+}
+
+type fileSaturationDetector struct {
+	fileThresholds `yaml:",inline"`
+	ScrapeInterval *time.Duration `yaml:"scrapeInterval"`
+	InFlightCredit *bool          `yaml:"inFlightCredit"`
+	Engine         string         `yaml:"engine"` // the metric names: vllm (default) or sglang
+}
+
+// fileDetector is llm-d's utilization-detector parameters.
+type fileDetector struct {
+	fileThresholds  `yaml:",inline"`
+	StalenessPolicy string   `yaml:"stalenessPolicy"`
+	Headroom        *float64 `yaml:"headroom"`
 }
 
 // fileSharedInFlight is flowgate's own section: the in-flight view shared
@@ -421,9 +422,9 @@ func LoadConfig(path string) (Config, error) {
 // ParseConfig reads and validates a YAML configuration. Decoding is strict:
 // an unknown field, a duplicate key or a value of the wrong type (a fraction
 // for a whole number included) is an error naming the field's path, its line,
-// the value as written and what the field takes (configerr.go); a semantic
+// the value as written and what the field takes (decode.go); a semantic
 // error names the field's path (and its line when the field was written).
-func ParseConfig(r io.Reader) (Config, error) {
+func ParseConfig(r io.Reader) (cfg Config, err error) {
 	data, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
 	if err != nil {
 		return Config{}, fmt.Errorf("proxy: config: %w", err)
@@ -431,95 +432,28 @@ func ParseConfig(r io.Reader) (Config, error) {
 	if len(data) > maxConfigBytes {
 		return Config{}, fmt.Errorf("proxy: config: larger than %d bytes", maxConfigBytes)
 	}
-	// The node tree maps error lines to field paths and paths to lines.
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return Config{}, describeSyntaxError(err, data)
-	}
-	var fc fileConfig
-	if err := checkDecode(&root, "", reflect.TypeOf(fc)); err != nil {
-		return Config{}, err
-	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, describeDecodeError(err, "")
+	var root, extra yaml.Node
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, syntaxError(err, data)
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			ce, ok := r.(configError)
+			if !ok {
+				panic(r)
+			}
+			cfg, err = Config{}, ce.error
+		}
+	}()
+	p := &parser{keys: map[string]*yaml.Node{}, seen: map[aliasUse]bool{}}
+	var fc fileConfig
+	p.decode(&root, "", &fc)
 	// A second document would be silently ignored: refuse it.
-	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return Config{}, errors.New("proxy: config: more than one YAML document")
 	}
-	return fc.resolve(&root)
-}
-
-// walkYAML visits, innermost first, every mapping entry (key, value) and
-// every sequence item (key nil) below n with its dotted path
-// ("flowControl.priorityBands[1].capacity"), until visit returns true; it
-// then returns that entry's path and true.
-func walkYAML(n *yaml.Node, path string, visit func(path string, k, v *yaml.Node) bool) (string, bool) {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if p, ok := walkYAML(c, path, visit); ok {
-				return p, true
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			p := k.Value
-			if path != "" {
-				p = path + "." + k.Value
-			}
-			// Children first: a block mapping starts on the line of its
-			// first key, and the innermost entry is the one meant.
-			if q, ok := walkYAML(v, p, visit); ok {
-				return q, true
-			}
-			if visit(p, k, v) {
-				return p, true
-			}
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := fmt.Sprintf("%s[%d]", path, i)
-			if q, ok := walkYAML(c, p, visit); ok {
-				return q, true
-			}
-			if visit(p, nil, c) {
-				return p, true
-			}
-		}
-	}
-	return "", false
-}
-
-// lineOf returns the line of the key (or sequence item) at a dotted path
-// such as "flowControl.priorityBands[1].capacity", or 0 when it was not
-// written.
-func lineOf(root *yaml.Node, path string) int {
-	line := 0
-	walkYAML(root, "", func(p string, k, v *yaml.Node) bool {
-		if p != path {
-			return false
-		}
-		if line = v.Line; k != nil {
-			line = k.Line
-		}
-		return true
-	})
-	return line
-}
-
-// fieldError builds a validation error naming the field and, when the field
-// was written, its line.
-func fieldError(root *yaml.Node, path, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	if l := lineOf(root, path); l > 0 {
-		return fmt.Errorf("proxy: config: %s (line %d): %s", path, l, msg)
-	}
-	return fmt.Errorf("proxy: config: %s: %s", path, msg)
+	return p.resolve(&fc), nil
 }
 
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
@@ -557,589 +491,55 @@ var llmdOrdering = map[string]string{
 	orderingSLO:     flowcontrol.OrderingEDF,
 }
 
-// bandQueueing resolves a band's fairness, ordering and flow capacity from
-// flowgate's keys (fairness, ordering, flowCapacity) and llm-d's references
-// (fairnessPolicyRef, orderingPolicyRef: a declared plugin's name or a policy
-// type), over the template's; the two spellings of one setting must agree.
-func bandQueueing(root *yaml.Node, b fileBand, path string, plugins map[string]string, tmpl Band, warn func(string, ...any)) (Band, error) {
-	out := tmpl
-	resolve := func(field, ref string, table map[string]string) (string, error) {
-		typ := ref
-		if t, ok := plugins[ref]; ok {
-			typ = t
-		}
-		v, ok := table[typ]
-		if !ok {
-			names := slices.Sorted(maps.Keys(table))
-			return "", fieldError(root, path+"."+field, "%q is neither a declared plugin of, nor one of, the types %s", ref, strings.Join(names, ", "))
-		}
-		if typ == fairnessProgramAware {
-			warn("%s.%s (line %d): %q is approximated by flowgate's fair-share (start-time fair queuing on prompt + output tokens, without the 60 s decay)",
-				path, field, lineOf(root, path+"."+field), ref)
-		}
-		return v, nil
-	}
-	for _, f := range []struct {
-		native, ref, nativeField, refField string
-		table                              map[string]string
-		valid                              []string
-		dst                                *string
-	}{
-		{b.Fairness, b.FairnessPolicyRef, "fairness", "fairnessPolicyRef", llmdFairness,
-			[]string{flowcontrol.FairnessFCFS, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}, &out.Fairness},
-		{b.Ordering, b.OrderingPolicyRef, "ordering", "orderingPolicyRef", llmdOrdering,
-			[]string{flowcontrol.OrderingFCFS, flowcontrol.OrderingEDF}, &out.Ordering},
-	} {
-		v := ""
-		if f.ref != "" {
-			r, err := resolve(f.refField, f.ref, f.table)
-			if err != nil {
-				return Band{}, err
-			}
-			v = r
-		}
-		if f.native != "" {
-			if !slices.Contains(f.valid, f.native) {
-				return Band{}, fieldError(root, path+"."+f.nativeField, "%q must be one of %s", f.native, strings.Join(f.valid, ", "))
-			}
-			if v != "" && v != f.native {
-				return Band{}, fieldError(root, path+"."+f.nativeField, "%q contradicts %s %q (%s): give one", f.native, f.refField, f.ref, v)
-			}
-			v = f.native
-		}
-		if v != "" {
-			*f.dst = v
-		}
-	}
-	if c := b.FlowCapacity; c != nil {
-		if *c < 0 || *c > MaxBandCapacity {
-			return Band{}, fieldError(root, path+".flowCapacity", "must be in 0..%d (0: no per-flow bound), got %d", MaxBandCapacity, *c)
-		}
-		out.FlowCapacity = *c
-	}
-	return out, nil
-}
-
-// checkFlowCapacity applies flowcontrol's rules for a per-flow bound to a
-// resolved band, naming the field: at most the band's capacity, and only on a
-// band that has flows.
-func checkFlowCapacity(root *yaml.Node, b Band, path string) error {
-	switch {
-	case b.FlowCapacity == 0:
-		return nil
-	case b.Fairness != flowcontrol.FairnessRoundRobin && b.Fairness != flowcontrol.FairnessShare:
-		return fieldError(root, path, "band %q: a per-flow capacity needs fairness %s or %s (the band has %q)",
-			b.Name, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare, cmp.Or(b.Fairness, flowcontrol.FairnessFCFS))
-	case b.FlowCapacity > b.Capacity:
-		return fieldError(root, path, "band %q: %d exceeds the band's capacity %d", b.Name, b.FlowCapacity, b.Capacity)
-	}
-	return nil
-}
-
-// checkKeys refuses keys of a mapping node not in allowed, naming the field
-// and the allowed key it is likely a misspelling of, if any.
-func checkKeys(root, n *yaml.Node, path string, allowed ...string) error {
-	if n.Kind == 0 {
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		return fieldError(root, path, "must be a mapping")
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := n.Content[i].Value
-		if !slices.Contains(allowed, k) {
-			return fmt.Errorf("proxy: config: %s.%s (line %d): %s", path, k, n.Content[i].Line, unknownField(k, allowed))
-		}
-	}
-	return nil
-}
-
-// decodeNode decodes the node at path into v, with decode errors naming the
-// field.
-func decodeNode(n *yaml.Node, path string, v any) error {
-	if n.Kind == 0 {
-		return nil
-	}
-	if err := checkDecode(n, path, reflect.TypeOf(v)); err != nil {
-		return err
-	}
-	if err := n.Decode(v); err != nil {
-		return describeDecodeError(err, path)
-	}
-	return nil
-}
-
-// quantityAt parses an optional quantity node at path (a maxRequests, a
-// count of requests, or a maxBytes, of bytes); ok false if absent.
-func quantityAt(root, n *yaml.Node, path string) (v int64, ok bool, err error) {
-	if n.Kind == 0 {
-		return 0, false, nil
-	}
-	if n.Kind != yaml.ScalarNode {
-		return 0, false, fieldError(root, path, "must be a quantity such as 500, \"1k\" or \"10Gi\", not %s", describeNode(n))
-	}
-	unit := "requests"
-	if strings.HasSuffix(path, "maxBytes") {
-		unit = "bytes"
-	}
-	v, err = parseQuantity(n.Value, unit)
-	if err != nil {
-		return 0, false, fieldError(root, path, "%v", err)
-	}
-	return v, true, nil
-}
-
-// checkBandName refuses a band name that would make metrics, logs or HTTP
-// headers unreadable.
-func checkBandName(name string) error {
-	if len(name) > flowcontrol.MaxBandNameLen {
-		return fmt.Errorf("longer than %d bytes", flowcontrol.MaxBandNameLen)
-	}
-	if !utf8.ValidString(name) {
-		return errors.New("not valid UTF-8")
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) || !unicode.IsPrint(r) || r == ' ' {
-			return fmt.Errorf("holds %q: band names are printable, without spaces", r)
-		}
-	}
-	return nil
-}
-
-// resolve validates the document and fills the defaults.
-func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
+// resolve validates the decoded document and fills the defaults.
+func (p *parser) resolve(fc *fileConfig) Config {
 	cfg := DefaultConfig()
-	warn := func(format string, args ...any) { cfg.Warnings = append(cfg.Warnings, fmt.Sprintf(format, args...)) }
-	for name, n := range map[string]*yaml.Node{"featureGates": &fc.FeatureGates, "schedulingProfiles": &fc.SchedulingProfiles,
-		"data": &fc.Data, "parser": &fc.Parser, "requestControl": &fc.RequestControl} {
-		if n.Kind != 0 {
-			warn("%s (line %d): ignored (flowgate orders requests; it does not pick endpoints)", name, lineOf(root, name))
+	for _, section := range []string{"data", "featureGates", "parser", "requestControl", "schedulingProfiles"} {
+		if p.keys[section] != nil { // fileConfig's yaml.Node fields
+			p.warn("%s: ignored (flowgate orders requests; it does not pick endpoints)", p.at(section))
 		}
 	}
-	slices.Sort(cfg.Warnings) // map order is random; keep warnings stable
-
-	// Plugins: names unique; policy types checked strictly; llm-d's
-	// utilization detector read; anything else ignored with a warning.
-	plugins := map[string]PolicyRef{}
-	type detector struct {
-		filePlugin
-		path string
-	}
-	detectors := map[string]detector{}
-	queuePlugins := map[string]string{} // fairness and ordering plugins: name → type
-	seen := map[string]bool{}
-	for i, p := range fc.Plugins {
-		path := fmt.Sprintf("plugins[%d]", i)
-		if p.Type == "" {
-			return Config{}, fieldError(root, path+".type", "required (%s, %s or %s)", policyStatic, policySoftReflective, policyHoldback)
-		}
-		name := p.Name
-		if name == "" {
-			name = p.Type
-		}
-		if seen[name] {
-			return Config{}, fieldError(root, path+".name", "duplicate plugin name %q", name)
-		}
-		seen[name] = true
-		ref := PolicyRef{Type: p.Type}
-		switch p.Type {
-		case policyStatic:
-			if err := checkKeys(root, &p.Parameters, path+".parameters", "threshold"); err != nil {
-				return Config{}, err
-			}
-			var params struct {
-				Threshold *float64 `yaml:"threshold"`
-			}
-			if err := decodeNode(&p.Parameters, path+".parameters", &params); err != nil {
-				return Config{}, err
-			}
-			ref.Threshold = 1.0
-			if t := params.Threshold; t != nil {
-				if !finite(*t) || *t <= 0 {
-					return Config{}, fieldError(root, path+".parameters.threshold", "must be a finite number > 0, got %v", *t)
-				}
-				ref.Threshold = *t
-			}
-		case policyHoldback:
-			h, err := holdbackParams(root, &p.Parameters, path+".parameters")
-			if err != nil {
-				return Config{}, err
-			}
-			ref.Holdback = h
-		case policySoftReflective:
-			if p.Parameters.Kind == yaml.MappingNode && len(p.Parameters.Content) > 0 {
-				k := p.Parameters.Content[0]
-				return Config{}, fmt.Errorf("proxy: config: %s.parameters.%s (line %d): %s takes no %s (it has no free parameter)",
-					path, k.Value, k.Line, policySoftReflective, k.Value)
-			}
-		case detectorUtilization:
-			if err := checkKeys(root, &p.Parameters, path+".parameters", "queueDepthThreshold", "kvCacheUtilThreshold",
-				"metricsStalenessThreshold", "stalenessPolicy", "headroom"); err != nil {
-				return Config{}, err
-			}
-			detectors[name] = detector{p, path}
-			continue
-		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
-			queuePlugins[name] = p.Type
-			continue
-		default:
-			warn("%s (line %d): plugin type %q ignored (flowgate implements %s, %s, %s and %s)", path, lineOf(root, path),
-				p.Type, policyStatic, policySoftReflective, policyHoldback, detectorUtilization)
-			continue
-		}
-		plugins[name] = ref
-	}
-
-	fcf := fc.FlowControl
-	if ref := fcf.UsageLimitPolicyPluginRef; ref != "" {
-		switch r, ok := plugins[ref]; {
-		case ok:
-			cfg.Policy = r
-		case ref == policyStatic:
-			cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
-		case ref == policySoftReflective:
-			cfg.Policy = PolicyRef{Type: policySoftReflective}
-		case ref == policyHoldback:
-			// llm-d has no default minCeiling either: the policy
-			// must be declared with its parameters.
-			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef",
-				"%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
-		default:
-			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef",
-				"%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
-		}
-	}
-	holdbackRef := fcf.UsageLimitPolicyPluginRef // the plugin whose ceilings are computed once the bands are known
-
-	// The saturation detector: llm-d's utilization-detector parameters,
-	// then flowgate's own saturationDetector section over them.
-	var det *detector
-	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
-		d, ok := detectors[sdr.PluginRef]
-		if !ok {
-			return Config{}, fieldError(root, "flowControl.saturationDetector.pluginRef",
-				"%q is not a declared %s plugin (flowgate has no %s)", sdr.PluginRef, detectorUtilization, detectorConcurrency)
-		}
-		det = &d
-	} else if len(detectors) == 1 {
-		for _, d := range detectors {
-			det = &d
-		}
-	}
-	sd := fc.SaturationDetector
-	if det != nil {
-		var params struct {
-			QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
-			KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
-			MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
-			StalenessPolicy           string         `yaml:"stalenessPolicy"`
-			Headroom                  *float64       `yaml:"headroom"`
-		}
-		if err := decodeNode(&det.Parameters, det.path+".parameters", &params); err != nil {
-			return Config{}, err
-		}
-		if params.StalenessPolicy != "" && params.StalenessPolicy != "saturated" {
-			warn("%s stalenessPolicy %q ignored: a stale pod reads saturated", detectorUtilization, params.StalenessPolicy)
-		}
-		if params.Headroom != nil && *params.Headroom != 0 {
-			warn("%s headroom %v ignored", detectorUtilization, *params.Headroom)
-		}
-		if sd.QueueDepthThreshold == nil {
-			sd.QueueDepthThreshold = params.QueueDepthThreshold
-		}
-		if sd.KVCacheUtilThreshold == nil {
-			sd.KVCacheUtilThreshold = params.KVCacheUtilThreshold
-		}
-		if sd.MetricsStalenessThreshold == nil {
-			sd.MetricsStalenessThreshold = params.MetricsStalenessThreshold
-		}
-	}
-
-	// Global limits and the band template (llm-d).
-	globalReqs, hasGlobalReqs, err := quantityAt(root, &fcf.MaxRequests, "flowControl.maxRequests")
-	if err != nil {
-		return Config{}, err
-	}
-	globalBytes, hasGlobalBytes, err := quantityAt(root, &fcf.MaxBytes, "flowControl.maxBytes")
-	if err != nil {
-		return Config{}, err
-	}
-	if hasGlobalReqs || hasGlobalBytes {
-		warn("flowControl.maxRequests/maxBytes: applied per band (no band exceeds them); flowgate has no limit shared by the bands")
-	}
-	var defaultWait *time.Duration
-	if v := fcf.DefaultRequestTTL; v != nil {
-		if *v < 0 {
-			return Config{}, fieldError(root, "flowControl.defaultRequestTTL", "must not be negative, got %v", *v)
-		}
-		defaultWait = v
-	}
-	tmplReqs, tmplBytes := int64(0), int64(0)
-	var tmplQueue Band // the template's fairness, ordering and flow capacity
-	hasTmplReqs, hasTmplBytes := false, false
-	defaultBandName := ""
-	switch n := &fcf.DefaultPriorityBand; n.Kind {
-	case 0:
-	case yaml.ScalarNode:
-		defaultBandName = n.Value
-	case yaml.MappingNode:
-		path := "flowControl.defaultPriorityBand"
-		if err := checkKeys(root, n, path, "maxRequests", "maxBytes", "fairnessPolicyRef", "orderingPolicyRef",
-			"fairness", "ordering", "flowCapacity"); err != nil {
-			return Config{}, err
-		}
-		var tmpl fileBand
-		if err := decodeNode(n, path, &tmpl); err != nil {
-			return Config{}, err
-		}
-		if tmplQueue, err = bandQueueing(root, tmpl, path, queuePlugins, Band{}, warn); err != nil {
-			return Config{}, err
-		}
-		if tmplReqs, hasTmplReqs, err = quantityAt(root, &tmpl.MaxRequests, path+".maxRequests"); err != nil {
-			return Config{}, err
-		}
-		if tmplBytes, hasTmplBytes, err = quantityAt(root, &tmpl.MaxBytes, path+".maxBytes"); err != nil {
-			return Config{}, err
-		}
+	d := p.plugins(fc.Plugins)
+	fcf := &fc.FlowControl
+	const refPath = "flowControl.usageLimitPolicyPluginRef"
+	ref := fcf.UsageLimitPolicyPluginRef
+	switch r, ok := d.policies[ref]; {
+	case ref == "":
+	case ok:
+		cfg.Policy = r
+	case ref == policyStatic:
+		cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
+	case ref == policySoftReflective:
+		cfg.Policy = PolicyRef{Type: policySoftReflective}
+	case ref == policyHoldback: // llm-d has no default minCeiling either
+		p.fail(refPath, "%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
 	default:
-		return Config{}, fieldError(root, "flowControl.defaultPriorityBand", "must be a band name or a band template")
+		p.fail(refPath, "%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
 	}
-
-	if fcf.PriorityBands != nil {
-		if len(fcf.PriorityBands) == 0 {
-			return Config{}, fieldError(root, "flowControl.priorityBands", "at least one band is required")
-		}
-		bands := make([]Band, 0, len(fcf.PriorityBands))
-		names := map[string]bool{}
-		prios := map[int]bool{}
-		total := 0
-		for i, b := range fcf.PriorityBands {
-			path := fmt.Sprintf("flowControl.priorityBands[%d]", i)
-			if b.Priority == nil {
-				return Config{}, fieldError(root, path+".priority", "required (higher is more important)")
-			}
-			if prios[*b.Priority] {
-				return Config{}, fieldError(root, path+".priority", "duplicate priority %d", *b.Priority)
-			}
-			prios[*b.Priority] = true
-			if b.Name == "" {
-				b.Name = fmt.Sprintf("priority%d", *b.Priority) // llm-d's bands have no name
-			}
-			if err := checkBandName(b.Name); err != nil {
-				return Config{}, fieldError(root, path+".name", "%q: %v", b.Name, err)
-			}
-			if names[b.Name] {
-				return Config{}, fieldError(root, path+".name", "duplicate band name %q", b.Name)
-			}
-			names[b.Name] = true
-			band := Band{Name: b.Name, Priority: *b.Priority, Capacity: defaultBandCapacity, MaxBytes: DefaultBandBytes}
-			q, err := bandQueueing(root, b, path, queuePlugins, tmplQueue, warn)
-			if err != nil {
-				return Config{}, err
-			}
-			band.Fairness, band.Ordering, band.FlowCapacity = q.Fairness, q.Ordering, q.FlowCapacity
-			capPath := path + ".capacity"
-			reqs, hasReqs, err := quantityAt(root, &b.MaxRequests, path+".maxRequests")
-			if err != nil {
-				return Config{}, err
-			}
-			switch {
-			case b.Capacity != nil && hasReqs:
-				return Config{}, fieldError(root, path+".maxRequests", "capacity and maxRequests are one setting: give one")
-			case b.Capacity != nil:
-				reqs, hasReqs = int64(*b.Capacity), true
-			case hasReqs:
-				capPath = path + ".maxRequests"
-			case hasTmplReqs:
-				reqs, hasReqs, capPath = tmplReqs, true, "flowControl.defaultPriorityBand.maxRequests"
-			}
-			if hasGlobalReqs && (!hasReqs || reqs > globalReqs) {
-				reqs, hasReqs, capPath = globalReqs, true, "flowControl.maxRequests"
-			}
-			if hasReqs {
-				if reqs <= 0 || reqs > MaxBandCapacity {
-					return Config{}, fieldError(root, capPath, "must be in 1..%d, got %d", MaxBandCapacity, reqs)
-				}
-				band.Capacity = int(reqs)
-			}
-			total += band.Capacity
-			if total > MaxTotalCapacity {
-				return Config{}, fieldError(root, capPath, "the bands' capacities add up to more than %d waiting requests", MaxTotalCapacity)
-			}
-			bytes, hasBytes, err := quantityAt(root, &b.MaxBytes, path+".maxBytes")
-			if err != nil {
-				return Config{}, err
-			}
-			if !hasBytes && hasTmplBytes {
-				bytes, hasBytes = tmplBytes, true
-			}
-			if hasGlobalBytes && globalBytes > 0 && (!hasBytes || bytes == 0 || bytes > globalBytes) {
-				bytes, hasBytes = globalBytes, true
-			}
-			if hasBytes {
-				band.MaxBytes = bytes // 0: no budget
-			}
-			switch {
-			case b.MaxWait != nil:
-				if *b.MaxWait < 0 {
-					return Config{}, fieldError(root, path+".maxWait", "must not be negative, got %v", *b.MaxWait)
-				}
-				band.MaxWait = *b.MaxWait
-			case defaultWait != nil:
-				band.MaxWait = *defaultWait
-			}
-			fcPath := path + ".flowCapacity"
-			if b.FlowCapacity == nil {
-				fcPath = "flowControl.defaultPriorityBand.flowCapacity"
-			}
-			if err := checkFlowCapacity(root, band, fcPath); err != nil {
-				return Config{}, err
-			}
-			bands = append(bands, band)
-		}
-		sort.SliceStable(bands, func(i, j int) bool { return bands[i].Priority > bands[j].Priority })
-		cfg.Bands = bands
-		cfg.DefaultBand = len(bands) - 1
-		cfg.Objectives = defaultObjectives(bands)
-	} else {
-		// flowgate's default bands take the template's fairness, ordering
-		// and flow capacity (and the default request TTL).
-		for i := range cfg.Bands {
-			b := &cfg.Bands[i]
-			if defaultWait != nil {
-				b.MaxWait = *defaultWait
-			}
-			b.Fairness, b.Ordering, b.FlowCapacity = tmplQueue.Fairness, tmplQueue.Ordering, tmplQueue.FlowCapacity
-			if err := checkFlowCapacity(root, *b, "flowControl.defaultPriorityBand.flowCapacity"); err != nil {
-				return Config{}, err
-			}
-		}
+	p.saturationDetector(&fc.SaturationDetector, fcf, d.detectors)
+	p.bands(&cfg, fcf, d.queueing)
+	if v := fcf.Tick; v != nil {
+		p.check(*v >= flowcontrol.MinTick && *v <= time.Second, "flowControl.tick", "must be in [%v, 1s], got %v", flowcontrol.MinTick, *v)
+		cfg.Tick = *v
 	}
-
-	bandIndex := func(path, name string) (int, error) {
-		for i, b := range cfg.Bands {
-			if b.Name == name {
-				return i, nil
-			}
-		}
-		return 0, fieldError(root, path, "no band named %q", name)
+	if v := fcf.Burst; v != nil {
+		p.check(*v > 0 && *v <= 1<<20, "flowControl.burst", "must be in 1..%d, got %d", 1<<20, *v)
+		cfg.Burst = *v
 	}
-	if defaultBandName != "" {
-		i, err := bandIndex("flowControl.defaultPriorityBand", defaultBandName)
-		if err != nil {
-			return Config{}, err
-		}
-		cfg.DefaultBand = i
-	}
-	for obj, band := range fcf.Objectives {
-		path := "flowControl.objectives." + obj
-		if obj == "" {
-			return Config{}, fieldError(root, "flowControl.objectives", "empty objective name")
-		}
-		i, err := bandIndex(path, band)
-		if err != nil {
-			return Config{}, err
-		}
-		cfg.Objectives[obj] = i
-	}
-	if fcf.Tick != nil {
-		if *fcf.Tick < flowcontrol.MinTick || *fcf.Tick > time.Second {
-			return Config{}, fieldError(root, "flowControl.tick", "must be in [%v, 1s], got %v", flowcontrol.MinTick, *fcf.Tick)
-		}
-		cfg.Tick = *fcf.Tick
-	}
-	if fcf.Burst != nil {
-		if *fcf.Burst <= 0 || *fcf.Burst > 1<<20 {
-			return Config{}, fieldError(root, "flowControl.burst", "must be in 1..%d, got %d", 1<<20, *fcf.Burst)
-		}
-		cfg.Burst = *fcf.Burst
-	}
-	switch fcf.BodyPriority {
+	switch v := fcf.BodyPriority; v {
 	case "":
 	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet:
-		cfg.BodyPriority = fcf.BodyPriority
+		cfg.BodyPriority = v
 	default:
-		return Config{}, fieldError(root, "flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q",
-			BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, fcf.BodyPriority)
+		p.fail("flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q", BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, v)
 	}
-
 	if v := fcf.CriticalKVHeadroom; v != nil {
-		if !finite(*v) || *v < 0 || *v > 1 {
-			return Config{}, fieldError(root, "flowControl.criticalKVHeadroom", "must be in [0, 1] (0: off), got %v", *v)
-		}
-		h := *v
-		cfg.CriticalKVHeadroom = &h
+		p.check(finite(*v) && *v >= 0 && *v <= 1, "flowControl.criticalKVHeadroom", "must be in [0, 1] (0: off), got %v", *v)
+		cfg.CriticalKVHeadroom = new(*v)
 	}
-
-	if v := sd.QueueDepthThreshold; v != nil {
-		if !finite(*v) || *v <= 0 {
-			return Config{}, fieldError(root, "saturationDetector.queueDepthThreshold", "must be a finite number > 0, got %v", *v)
-		}
-		cfg.Saturation.QueueDepthThreshold = *v
-	}
-	if v := sd.KVCacheUtilThreshold; v != nil {
-		if !finite(*v) || *v <= 0 || *v > 1 {
-			return Config{}, fieldError(root, "saturationDetector.kvCacheUtilThreshold", "must be in (0, 1], got %v", *v)
-		}
-		cfg.Saturation.KVCacheUtilThreshold = *v
-	}
-	if v := sd.MetricsStalenessThreshold; v != nil {
-		if *v < saturation.MinStaleness || *v > saturation.MaxStaleness {
-			return Config{}, fieldError(root, "saturationDetector.metricsStalenessThreshold", "must be in [%v, %v], got %v",
-				saturation.MinStaleness, saturation.MaxStaleness, *v)
-		}
-		cfg.Saturation.MetricsStalenessThreshold = *v
-	}
-	if v := sd.ScrapeInterval; v != nil {
-		if *v < saturation.MinInterval || *v > saturation.MaxInterval {
-			return Config{}, fieldError(root, "saturationDetector.scrapeInterval", "must be in [%v, %v], got %v",
-				saturation.MinInterval, saturation.MaxInterval, *v)
-		}
-		cfg.Saturation.ScrapeInterval = *v
-	}
-	if v := sd.InFlightCredit; v != nil {
-		cfg.Saturation.InFlightCredit = *v
-	}
-	switch sd.Engine {
-	case "":
-	case EngineVLLM, EngineSGLang:
-		cfg.Saturation.Engine = sd.Engine
-	default:
-		return Config{}, fieldError(root, "saturationDetector.engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
-	}
+	p.saturation(&cfg.Saturation, fc.SaturationDetector)
 	if sh := fc.SharedInFlight; sh != nil {
-		path := "sharedInFlight"
-		if sh.Address == "" && sh.URL == "" {
-			return Config{}, fieldError(root, path+".address", "required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
-		}
-		cfg.Shared = SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
-		if sh.Period != nil {
-			if *sh.Period <= 0 {
-				return Config{}, fieldError(root, path+".period", "must be > 0, got %v", *sh.Period)
-			}
-			cfg.Shared.Period = *sh.Period
-		}
-		if sh.TTL != nil {
-			if *sh.TTL <= 0 {
-				return Config{}, fieldError(root, path+".ttl", "must be > 0, got %v", *sh.TTL)
-			}
-			cfg.Shared.TTL = *sh.TTL
-		}
-		if cfg.Shared.Period == 0 {
-			cfg.Shared.Period = redisshare.DefaultPeriod
-		}
-		if cfg.Shared.TTL == 0 {
-			cfg.Shared.TTL = redisshare.DefaultTTL
-		}
-		chk := cfg.Shared
-		if chk.ReplicaID == "" {
-			chk.ReplicaID = "-" // may come from the proxy's -replica-id; checked there
-		}
-		if err := chk.Validate(SharedFileFields); err != nil {
-			// Name the line of the field the message starts with.
-			field, msg, _ := strings.Cut(err.Error(), ": ")
-			return Config{}, fieldError(root, field, "%s", msg)
-		}
+		cfg.Shared = p.shared(sh)
 	}
 	if cfg.Policy.Type == policyHoldback {
 		prios := make([]int, len(cfg.Bands))
@@ -1147,31 +547,368 @@ func (fc *fileConfig) resolve(root *yaml.Node) (Config, error) {
 			prios[i] = b.Priority
 		}
 		c, err := flowcontrol.HoldbackCeilings(cfg.Policy.Holdback, prios)
-		if err != nil {
-			// holdbackParams checked the parameters and the bands'
-			// priorities are distinct and sorted: not reached unless
-			// the two disagree.
-			return Config{}, fieldError(root, "flowControl.usageLimitPolicyPluginRef", "%s: %v", holdbackRef, err)
-		}
+		// holdback checked the parameters and the bands' priorities are
+		// distinct and sorted: not reached unless the two disagree.
+		p.check(err == nil, refPath, "%s: %v", ref, err)
 		cfg.Policy.Ceilings = c
 	}
-	if cfg.Saturation.ScrapeInterval >= cfg.Saturation.MetricsStalenessThreshold {
-		return Config{}, fieldError(root, "saturationDetector.scrapeInterval",
-			"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", cfg.Saturation.MetricsStalenessThreshold)
-	}
-	return cfg, nil
+	s := cfg.Saturation
+	p.check(s.ScrapeInterval < s.MetricsStalenessThreshold, "saturationDetector.scrapeInterval",
+		"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", s.MetricsStalenessThreshold)
+	cfg.Warnings = p.warnings
+	return cfg
 }
 
-// holdbackParams reads priority-holdback-policy's parameters as llm-d does:
-// shape (linear), domain (rank, value or explicit; default rank), minCeiling
+// declared is what the plugins section declares, by plugin name.
+type declared struct {
+	policies  map[string]PolicyRef
+	detectors map[string]fileDetector
+	queueing  map[string]string // fairness and ordering plugins: their type
+}
+
+// plugins reads the plugins section: names unique; policy types checked
+// strictly; llm-d's utilization detector read; anything else ignored with a
+// warning.
+func (p *parser) plugins(plugins []filePlugin) declared {
+	d := declared{map[string]PolicyRef{}, map[string]fileDetector{}, map[string]string{}}
+	seen := map[string]bool{}
+	for i, pl := range plugins {
+		path := fmt.Sprintf("plugins[%d]", i)
+		params := path + ".parameters"
+		p.check(pl.Type != "", path+".type", "required (%s, %s or %s)", policyStatic, policySoftReflective, policyHoldback)
+		name := cmp.Or(pl.Name, pl.Type)
+		p.check(!seen[name], path+".name", "duplicate plugin name %q", name)
+		seen[name] = true
+		switch pl.Type {
+		case policyStatic:
+			var sp struct {
+				Threshold *float64 `yaml:"threshold"`
+			}
+			p.decode(&pl.Parameters, params, &sp)
+			ref := PolicyRef{Type: policyStatic, Threshold: 1.0}
+			if t := sp.Threshold; t != nil {
+				p.check(finite(*t) && *t > 0, params+".threshold", "must be a finite number > 0, got %v", *t)
+				ref.Threshold = *t
+			}
+			d.policies[name] = ref
+		case policyHoldback:
+			d.policies[name] = PolicyRef{Type: policyHoldback, Holdback: p.holdback(&pl.Parameters, params)}
+		case policySoftReflective:
+			if n := &pl.Parameters; n.Kind == yaml.MappingNode && len(n.Content) > 0 {
+				k := n.Content[0]
+				p.keys[params+"."+k.Value] = k
+				p.fail(params+"."+k.Value, "%s takes no %s (it has no free parameter)", policySoftReflective, k.Value)
+			}
+			d.policies[name] = PolicyRef{Type: policySoftReflective}
+		case detectorUtilization:
+			var det fileDetector
+			p.decode(&pl.Parameters, params, &det)
+			d.detectors[name] = det
+		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
+			d.queueing[name] = pl.Type
+		default:
+			p.warn("%s: plugin type %q ignored (flowgate implements %s, %s, %s and %s)", p.at(path),
+				pl.Type, policyStatic, policySoftReflective, policyHoldback, detectorUtilization)
+		}
+	}
+	return d
+}
+
+// saturationDetector fills the thresholds sd leaves unset from the
+// utilization-detector flowControl.saturationDetector names (or the only one
+// declared), and warns of its parameters flowgate does not apply.
+func (p *parser) saturationDetector(sd *fileSaturationDetector, fcf *fileFlowControl, detectors map[string]fileDetector) {
+	var det *fileDetector
+	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
+		d, ok := detectors[sdr.PluginRef]
+		p.check(ok, "flowControl.saturationDetector.pluginRef", "%q is not a declared %s plugin (flowgate has no %s)",
+			sdr.PluginRef, detectorUtilization, detectorConcurrency)
+		det = &d
+	} else if len(detectors) == 1 {
+		for _, d := range detectors {
+			det = &d
+		}
+	}
+	if det == nil {
+		return
+	}
+	if det.StalenessPolicy != "" && det.StalenessPolicy != "saturated" {
+		p.warn("%s stalenessPolicy %q ignored: a stale pod reads saturated", detectorUtilization, det.StalenessPolicy)
+	}
+	if det.Headroom != nil && *det.Headroom != 0 {
+		p.warn("%s headroom %v ignored", detectorUtilization, *det.Headroom)
+	}
+	sd.QueueDepthThreshold = cmp.Or(sd.QueueDepthThreshold, det.QueueDepthThreshold)
+	sd.KVCacheUtilThreshold = cmp.Or(sd.KVCacheUtilThreshold, det.KVCacheUtilThreshold)
+	sd.MetricsStalenessThreshold = cmp.Or(sd.MetricsStalenessThreshold, det.MetricsStalenessThreshold)
+}
+
+// bands resolves the bands, the default band and the objectives: the bands of
+// priorityBands, or flowgate's default ones, each under llm-d's band
+// template (defaultPriorityBand) and global limits (maxRequests, maxBytes,
+// defaultRequestTTL).
+func (p *parser) bands(cfg *Config, fcf *fileFlowControl, queueing map[string]string) {
+	globalReqs := p.quantity(&fcf.MaxRequests, "flowControl.maxRequests")
+	globalBytes := p.quantity(&fcf.MaxBytes, "flowControl.maxBytes")
+	if globalReqs != nil || globalBytes != nil {
+		p.warn("flowControl.maxRequests/maxBytes: applied per band (no band exceeds them); flowgate has no limit shared by the bands")
+	}
+	if v := fcf.DefaultRequestTTL; v != nil {
+		p.check(*v >= 0, "flowControl.defaultRequestTTL", "must not be negative, got %v", *v)
+	}
+	const tp = "flowControl.defaultPriorityBand"
+	var tmpl fileQueue
+	var tmplQueue Band // the template's fairness, ordering and flow capacity
+	defaultBand := ""
+	switch n := &fcf.DefaultPriorityBand; n.Kind {
+	case 0:
+	case yaml.ScalarNode:
+		defaultBand = n.Value
+	case yaml.MappingNode:
+		p.decode(n, tp, &tmpl)
+		tmplQueue = p.queueing(tmpl, tp, queueing, Band{})
+	default:
+		p.fail(tp, "must be a band name or a band template")
+	}
+	tmplReqs := p.quantity(&tmpl.MaxRequests, tp+".maxRequests")
+	tmplBytes := p.quantity(&tmpl.MaxBytes, tp+".maxBytes")
+
+	if fcf.PriorityBands == nil {
+		// flowgate's default bands take the template's fairness, ordering
+		// and flow capacity (and the default request TTL).
+		for i := range cfg.Bands {
+			b := &cfg.Bands[i]
+			if w := fcf.DefaultRequestTTL; w != nil {
+				b.MaxWait = *w
+			}
+			b.Fairness, b.Ordering, b.FlowCapacity = tmplQueue.Fairness, tmplQueue.Ordering, tmplQueue.FlowCapacity
+			p.checkFlowCapacity(*b, tp+".flowCapacity")
+		}
+	} else {
+		p.check(len(fcf.PriorityBands) > 0, "flowControl.priorityBands", "at least one band is required")
+		cfg.Bands = nil
+		names, prios := map[string]bool{}, map[int]bool{}
+		total := 0
+		for i, b := range fcf.PriorityBands {
+			path := fmt.Sprintf("flowControl.priorityBands[%d]", i)
+			p.check(b.Priority != nil, path+".priority", "required (higher is more important)")
+			p.check(!prios[*b.Priority], path+".priority", "duplicate priority %d", *b.Priority)
+			prios[*b.Priority] = true
+			name := cmp.Or(b.Name, fmt.Sprintf("priority%d", *b.Priority)) // llm-d's bands have no name
+			p.checkBandName(name, path+".name")
+			p.check(!names[name], path+".name", "duplicate band name %q", name)
+			names[name] = true
+			band := p.queueing(b.fileQueue, path, queueing, tmplQueue)
+			band.Name, band.Priority, band.Capacity, band.MaxBytes = name, *b.Priority, defaultBandCapacity, DefaultBandBytes
+
+			reqs, capPath := p.quantity(&b.MaxRequests, path+".maxRequests"), path+".capacity"
+			switch {
+			case b.Capacity != nil && reqs != nil:
+				p.fail(path+".maxRequests", "capacity and maxRequests are one setting: give one")
+			case b.Capacity != nil:
+				reqs = new(int64(*b.Capacity))
+			case reqs != nil:
+				capPath = path + ".maxRequests"
+			case tmplReqs != nil:
+				reqs, capPath = tmplReqs, tp+".maxRequests"
+			}
+			if globalReqs != nil && (reqs == nil || *reqs > *globalReqs) {
+				reqs, capPath = globalReqs, "flowControl.maxRequests"
+			}
+			if reqs != nil {
+				p.check(*reqs > 0 && *reqs <= MaxBandCapacity, capPath, "must be in 1..%d, got %d", MaxBandCapacity, *reqs)
+				band.Capacity = int(*reqs)
+			}
+			total += band.Capacity
+			p.check(total <= MaxTotalCapacity, capPath, "the bands' capacities add up to more than %d waiting requests", MaxTotalCapacity)
+
+			bytes := cmp.Or(p.quantity(&b.MaxBytes, path+".maxBytes"), tmplBytes)
+			if globalBytes != nil && *globalBytes > 0 && (bytes == nil || *bytes == 0 || *bytes > *globalBytes) {
+				bytes = globalBytes
+			}
+			if bytes != nil {
+				band.MaxBytes = *bytes // 0: no budget
+			}
+			if w := b.MaxWait; w != nil {
+				p.check(*w >= 0, path+".maxWait", "must not be negative, got %v", *w)
+			}
+			if w := cmp.Or(b.MaxWait, fcf.DefaultRequestTTL); w != nil {
+				band.MaxWait = *w
+			}
+			fcPath := tp + ".flowCapacity"
+			if b.FlowCapacity != nil {
+				fcPath = path + ".flowCapacity"
+			}
+			p.checkFlowCapacity(band, fcPath)
+			cfg.Bands = append(cfg.Bands, band)
+		}
+		slices.SortStableFunc(cfg.Bands, func(a, b Band) int { return cmp.Compare(b.Priority, a.Priority) })
+		cfg.DefaultBand = len(cfg.Bands) - 1
+		cfg.Objectives = defaultObjectives(cfg.Bands)
+	}
+	if defaultBand != "" {
+		cfg.DefaultBand = p.bandIndex(cfg.Bands, tp, defaultBand)
+	}
+	for _, obj := range slices.Sorted(maps.Keys(fcf.Objectives)) {
+		p.check(obj != "", "flowControl.objectives", "empty objective name")
+		cfg.Objectives[obj] = p.bandIndex(cfg.Bands, "flowControl.objectives."+obj, fcf.Objectives[obj])
+	}
+}
+
+// saturation applies the saturationDetector section to the poller's settings.
+func (p *parser) saturation(s *SaturationConfig, sd fileSaturationDetector) {
+	const at = "saturationDetector."
+	if v := sd.QueueDepthThreshold; v != nil {
+		p.check(finite(*v) && *v > 0, at+"queueDepthThreshold", "must be a finite number > 0, got %v", *v)
+		s.QueueDepthThreshold = *v
+	}
+	if v := sd.KVCacheUtilThreshold; v != nil {
+		p.check(finite(*v) && *v > 0 && *v <= 1, at+"kvCacheUtilThreshold", "must be in (0, 1], got %v", *v)
+		s.KVCacheUtilThreshold = *v
+	}
+	if v := sd.MetricsStalenessThreshold; v != nil {
+		p.check(*v >= saturation.MinStaleness && *v <= saturation.MaxStaleness, at+"metricsStalenessThreshold",
+			"must be in [%v, %v], got %v", saturation.MinStaleness, saturation.MaxStaleness, *v)
+		s.MetricsStalenessThreshold = *v
+	}
+	if v := sd.ScrapeInterval; v != nil {
+		p.check(*v >= saturation.MinInterval && *v <= saturation.MaxInterval, at+"scrapeInterval",
+			"must be in [%v, %v], got %v", saturation.MinInterval, saturation.MaxInterval, *v)
+		s.ScrapeInterval = *v
+	}
+	if v := sd.InFlightCredit; v != nil {
+		s.InFlightCredit = *v
+	}
+	switch sd.Engine {
+	case "":
+	case EngineVLLM, EngineSGLang:
+		s.Engine = sd.Engine
+	default:
+		p.fail(at+"engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
+	}
+}
+
+// shared resolves the sharedInFlight section; SharedConfig.Validate states
+// the rules, bar the replica's name, which may come from -replica-id.
+func (p *parser) shared(sh *fileSharedInFlight) SharedConfig {
+	p.check(sh.Address != "" || sh.URL != "", "sharedInFlight.address",
+		"required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
+	s := SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
+	if v := sh.Period; v != nil {
+		p.check(*v > 0, "sharedInFlight.period", "must be > 0, got %v", *v)
+		s.Period = *v
+	}
+	if v := sh.TTL; v != nil {
+		p.check(*v > 0, "sharedInFlight.ttl", "must be > 0, got %v", *v)
+		s.TTL = *v
+	}
+	chk := s
+	chk.ReplicaID = cmp.Or(chk.ReplicaID, "-")
+	if err := chk.Validate(SharedFileFields); err != nil {
+		field, msg, _ := strings.Cut(err.Error(), ": ") // Validate's message starts with the field
+		p.fail(field, "%s", msg)
+	}
+	s.Period, s.TTL = chk.Period, chk.TTL // the defaults Validate filled
+	return s
+}
+
+// quantity reads an optional quantity node at path (a maxRequests, a count
+// of requests, or a maxBytes, of bytes); nil if absent.
+func (p *parser) quantity(n *yaml.Node, path string) *int64 {
+	if n.Kind == 0 {
+		return nil
+	}
+	p.check(n.Kind == yaml.ScalarNode, path, "must be a quantity such as 500, \"1k\" or \"10Gi\", not %s", describeNode(n))
+	unit := "requests"
+	if strings.HasSuffix(path, "maxBytes") {
+		unit = "bytes"
+	}
+	v, err := parseQuantity(n.Value, unit)
+	p.check(err == nil, path, "%v", err)
+	return &v
+}
+
+// queueing resolves a band's fairness, ordering and flow capacity from
+// flowgate's keys (fairness, ordering, flowCapacity) and llm-d's references
+// (fairnessPolicyRef, orderingPolicyRef: a declared plugin's name or a policy
+// type), over the template's; the two spellings of one setting must agree.
+func (p *parser) queueing(q fileQueue, path string, plugins map[string]string, tmpl Band) Band {
+	out := tmpl
+	for _, f := range []struct {
+		native, ref, nativeField, refField string
+		table                              map[string]string
+		valid                              []string
+		dst                                *string
+	}{
+		{q.Fairness, q.FairnessPolicyRef, "fairness", "fairnessPolicyRef", llmdFairness,
+			[]string{flowcontrol.FairnessFCFS, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}, &out.Fairness},
+		{q.Ordering, q.OrderingPolicyRef, "ordering", "orderingPolicyRef", llmdOrdering,
+			[]string{flowcontrol.OrderingFCFS, flowcontrol.OrderingEDF}, &out.Ordering},
+	} {
+		v := ""
+		if f.ref != "" {
+			typ := cmp.Or(plugins[f.ref], f.ref)
+			var ok bool
+			v, ok = f.table[typ]
+			p.check(ok, path+"."+f.refField, "%q is neither a declared plugin of, nor one of, the types %s",
+				f.ref, strings.Join(slices.Sorted(maps.Keys(f.table)), ", "))
+			if typ == fairnessProgramAware {
+				p.warn("%s: %q is approximated by flowgate's fair-share (start-time fair queuing on prompt + output tokens, without the 60 s decay)",
+					p.at(path+"."+f.refField), f.ref)
+			}
+		}
+		if f.native != "" {
+			at := path + "." + f.nativeField
+			p.check(slices.Contains(f.valid, f.native), at, "%q must be one of %s", f.native, strings.Join(f.valid, ", "))
+			p.check(v == "" || v == f.native, at, "%q contradicts %s %q (%s): give one", f.native, f.refField, f.ref, v)
+			v = f.native
+		}
+		if v != "" {
+			*f.dst = v
+		}
+	}
+	if c := q.FlowCapacity; c != nil {
+		p.check(*c >= 0 && *c <= MaxBandCapacity, path+".flowCapacity", "must be in 0..%d (0: no per-flow bound), got %d", MaxBandCapacity, *c)
+		out.FlowCapacity = *c
+	}
+	return out
+}
+
+// checkFlowCapacity applies flowcontrol's rules for a per-flow bound to a
+// resolved band, naming the field at path: at most the band's capacity, and
+// only on a band that has flows.
+func (p *parser) checkFlowCapacity(b Band, path string) {
+	if b.FlowCapacity == 0 {
+		return
+	}
+	p.check(b.Fairness == flowcontrol.FairnessRoundRobin || b.Fairness == flowcontrol.FairnessShare, path,
+		"band %q: a per-flow capacity needs fairness %s or %s (the band has %q)",
+		b.Name, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare, cmp.Or(b.Fairness, flowcontrol.FairnessFCFS))
+	p.check(b.FlowCapacity <= b.Capacity, path, "band %q: %d exceeds the band's capacity %d", b.Name, b.FlowCapacity, b.Capacity)
+}
+
+func (p *parser) bandIndex(bands []Band, path, name string) int {
+	i := slices.IndexFunc(bands, func(b Band) bool { return b.Name == name })
+	p.check(i >= 0, path, "no band named %q", name)
+	return i
+}
+
+// checkBandName refuses a band name that would make metrics, logs or HTTP
+// headers unreadable.
+func (p *parser) checkBandName(name, path string) {
+	p.check(len(name) <= flowcontrol.MaxBandNameLen, path, "%q: longer than %d bytes", name, flowcontrol.MaxBandNameLen)
+	p.check(utf8.ValidString(name), path, "%q: not valid UTF-8", name)
+	for _, r := range name {
+		p.check(!unicode.IsControl(r) && unicode.IsPrint(r) && r != ' ', path, "%q: holds %q: band names are printable, without spaces", name, r)
+	}
+}
+
+// holdback reads priority-holdback-policy's parameters as llm-d does: shape
+// (linear), domain (rank, value or explicit; default rank), minCeiling
 // (required, in [0, 1)) and maxCeiling (default 1, in (0, 1], above
 // minCeiling), or with domain explicit only ceilings (priority → ceiling in
-// [0, 1], not increasing as priority falls). Errors name the key.
-func holdbackParams(root, n *yaml.Node, path string) (flowcontrol.HoldbackConfig, error) {
-	var h flowcontrol.HoldbackConfig
-	if err := checkKeys(root, n, path, "shape", "domain", "minCeiling", "maxCeiling", "ceilings"); err != nil {
-		return h, err
-	}
+// [0, 1], not increasing as priority falls).
+func (p *parser) holdback(n *yaml.Node, path string) flowcontrol.HoldbackConfig {
 	var params struct {
 		Shape      *string   `yaml:"shape"`
 		Domain     *string   `yaml:"domain"`
@@ -1179,52 +916,32 @@ func holdbackParams(root, n *yaml.Node, path string) (flowcontrol.HoldbackConfig
 		MaxCeiling *float64  `yaml:"maxCeiling"`
 		Ceilings   yaml.Node `yaml:"ceilings"` // read below: its keys are priorities
 	}
-	if err := decodeNode(n, path, &params); err != nil {
-		return h, err
-	}
-	ceilings, err := holdbackMap(root, &params.Ceilings, path+".ceilings")
-	if err != nil {
-		return h, err
-	}
-	h.Domain = flowcontrol.HoldbackRank
+	p.decode(n, path, &params)
+	ceilings := p.holdbackCeilings(&params.Ceilings, path+".ceilings")
+	h := flowcontrol.HoldbackConfig{Domain: flowcontrol.HoldbackRank}
 	if d := params.Domain; d != nil {
-		switch *d {
-		case flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit:
-			h.Domain = *d
-		default:
-			return h, fieldError(root, path+".domain", "must be %s, %s or %s, got %q",
-				flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit, *d)
-		}
+		h.Domain = *d
+		p.check(slices.Contains([]string{flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit}, *d), path+".domain",
+			"must be %s, %s or %s, got %q", flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit, *d)
 	}
 	if h.Domain == flowcontrol.HoldbackExplicit {
-		for _, k := range []struct {
-			key string
-			set bool
-		}{{"shape", params.Shape != nil}, {"minCeiling", params.MinCeiling != nil}, {"maxCeiling", params.MaxCeiling != nil}} {
-			if k.set {
-				return h, fieldError(root, path+"."+k.key, "must not be set with domain %s (the ceilings are given)", flowcontrol.HoldbackExplicit)
-			}
+		for i, set := range []bool{params.Shape != nil, params.MinCeiling != nil, params.MaxCeiling != nil} {
+			key := []string{"shape", "minCeiling", "maxCeiling"}[i]
+			p.check(!set, path+"."+key, "must not be set with domain %s (the ceilings are given)", flowcontrol.HoldbackExplicit)
 		}
-		if len(ceilings) == 0 {
-			return h, fieldError(root, path+".ceilings", "required with domain %s (a map of priority to ceiling)", flowcontrol.HoldbackExplicit)
-		}
+		p.check(len(ceilings) > 0, path+".ceilings", "required with domain %s (a map of priority to ceiling)", flowcontrol.HoldbackExplicit)
 		prios := slices.Sorted(maps.Keys(ceilings))
 		for i := len(prios) - 2; i >= 0; i-- {
 			lo, hi := prios[i], prios[i+1]
-			if ceilings[lo] > ceilings[hi] {
-				return h, fieldError(root, fmt.Sprintf("%s.ceilings.%d", path, lo),
-					"%v is above the ceiling of the higher priority %d (%v): ceilings must not increase as priority falls",
-					ceilings[lo], hi, ceilings[hi])
-			}
+			p.check(ceilings[lo] <= ceilings[hi], fmt.Sprintf("%s.ceilings.%d", path, lo),
+				"%v is above the ceiling of the higher priority %d (%v): ceilings must not increase as priority falls", ceilings[lo], hi, ceilings[hi])
 		}
 		h.Ceilings = ceilings
-		return h, nil
+		return h
 	}
-	if params.Ceilings.Kind != 0 {
-		return h, fieldError(root, path+".ceilings", "only with domain %s", flowcontrol.HoldbackExplicit)
-	}
-	if sh := params.Shape; sh != nil && *sh != flowcontrol.HoldbackLinear {
-		return h, fieldError(root, path+".shape", "must be %s (the only shape), got %q", flowcontrol.HoldbackLinear, *sh)
+	p.check(params.Ceilings.Kind == 0, path+".ceilings", "only with domain %s", flowcontrol.HoldbackExplicit)
+	if sh := params.Shape; sh != nil {
+		p.check(*sh == flowcontrol.HoldbackLinear, path+".shape", "must be %s (the only shape), got %q", flowcontrol.HoldbackLinear, *sh)
 	}
 	if params.MinCeiling == nil {
 		// Named at the parameters (or the plugin, without any): the key
@@ -1233,51 +950,41 @@ func holdbackParams(root, n *yaml.Node, path string) (flowcontrol.HoldbackConfig
 		if n.Kind == 0 {
 			at = strings.TrimSuffix(path, ".parameters")
 		}
-		return h, fieldError(root, at, "minCeiling is required (the lowest band's ceiling, in [0, 1): llm-d has no default)")
+		p.fail(at, "minCeiling is required (the lowest band's ceiling, in [0, 1): llm-d has no default)")
 	}
-	h.MinCeiling = *params.MinCeiling
-	if !(h.MinCeiling >= 0 && h.MinCeiling < 1) {
-		return h, fieldError(root, path+".minCeiling", "must be in [0, 1), got %v", h.MinCeiling)
-	}
-	h.MaxCeiling = flowcontrol.DefaultHoldbackMaxCeiling
+	h.MinCeiling, h.MaxCeiling = *params.MinCeiling, flowcontrol.DefaultHoldbackMaxCeiling
+	p.check(h.MinCeiling >= 0 && h.MinCeiling < 1, path+".minCeiling", "must be in [0, 1), got %v", h.MinCeiling)
 	if v := params.MaxCeiling; v != nil {
-		if !(*v > 0 && *v <= 1) {
-			return h, fieldError(root, path+".maxCeiling", "must be in (0, 1], got %v", *v)
-		}
+		p.check(*v > 0 && *v <= 1, path+".maxCeiling", "must be in (0, 1], got %v", *v)
 		h.MaxCeiling = *v
 	}
-	if h.MinCeiling >= h.MaxCeiling {
-		return h, fieldError(root, path+".minCeiling", "%v must be below maxCeiling (%v)", h.MinCeiling, h.MaxCeiling)
-	}
-	return h, nil
+	p.check(h.MinCeiling < h.MaxCeiling, path+".minCeiling", "%v must be below maxCeiling (%v)", h.MinCeiling, h.MaxCeiling)
+	return h
 }
 
-// holdbackMap reads explicit ceilings: a mapping of priority (an integer) to
-// ceiling (a number in [0, 1]); nil if absent. Errors name the entry.
-func holdbackMap(root, n *yaml.Node, path string) (map[int]float64, error) {
+// holdbackCeilings reads explicit ceilings: a mapping of priority (a whole
+// number) to ceiling (a number in [0, 1]); nil if absent.
+func (p *parser) holdbackCeilings(n *yaml.Node, path string) map[int]float64 {
 	if n.Kind == 0 {
-		return nil, nil
+		return nil
 	}
-	if n.Kind != yaml.MappingNode {
-		return nil, fieldError(root, path, "must be a mapping of priority to ceiling, such as {100: 0.9, 0: 0.4}, not %s", describeNode(n))
-	}
+	p.check(n.Kind == yaml.MappingNode, path, "must be a mapping of priority to ceiling, such as {100: 0.9, 0: 0.4}, not %s", describeNode(n))
 	m := map[int]float64{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		p, err := strconv.Atoi(k.Value)
-		if k.Kind != yaml.ScalarNode || err != nil {
-			return nil, fmt.Errorf("proxy: config: %s.%s (line %d): a key of ceilings is a priority, a whole number", path, k.Value, k.Line)
-		}
-		if _, dup := m[p]; dup {
-			return nil, fmt.Errorf("proxy: config: %s.%d (line %d): priority %d given twice", path, p, k.Line, p)
-		}
+		prio, err := strconv.Atoi(k.Value)
+		at := path + "." + k.Value
+		p.keys[at] = k
+		p.check(k.Kind == yaml.ScalarNode && err == nil, at, "a key of ceilings is a priority, a whole number")
+		at = fmt.Sprintf("%s.%d", path, prio)
+		p.keys[at] = k
+		_, dup := m[prio]
+		p.check(!dup, at, "priority %d given twice", prio)
 		c, err := strconv.ParseFloat(v.Value, 64)
-		if v.Kind != yaml.ScalarNode || err != nil || !(c >= 0 && c <= 1) {
-			return nil, fmt.Errorf("proxy: config: %s.%d (line %d): must be a number in [0, 1], got %q", path, p, v.Line, v.Value)
-		}
-		m[p] = c
+		p.check(v.Kind == yaml.ScalarNode && err == nil && c >= 0 && c <= 1, at, "must be a number in [0, 1], got %q", v.Value)
+		m[prio] = c
 	}
-	return m, nil
+	return m
 }
 
 // defaultObjectives maps every band's own name to it, plus "critical" to
