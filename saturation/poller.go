@@ -108,8 +108,14 @@ type PollerConfig struct {
 	// regardless (testing/synctest fakes both).
 	Now func() time.Time
 	// Scorer turns readings into saturation; the zero value is the
-	// reference formula (see Scorer).
+	// reference formula (see Scorer) with the prompt-token term: a zero
+	// PromptTokenThreshold means DefaultPromptTokenThreshold unless
+	// NoPromptTokens, since a queue of long prompts holds more work ahead
+	// of a new request than its count says.
 	Scorer Scorer
+	// NoPromptTokens keeps a zero Scorer.PromptTokenThreshold at 0: the
+	// reference formula exactly (llm-d's utilization detector).
+	NoPromptTokens bool
 	// Metrics names the metrics to read. The zero value means VLLM().
 	Metrics MetricNames
 	// InFlight, when set, returns the number of requests this host has
@@ -365,6 +371,9 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Scorer.PromptTokenThreshold == 0 && !cfg.NoPromptTokens {
+		cfg.Scorer.PromptTokenThreshold = DefaultPromptTokenThreshold
 	}
 	p := &Poller{cfg: cfg, scorer: cfg.Scorer, pods: map[string]*pod{},
 		sem:   make(chan struct{}, cfg.MaxConcurrency),

@@ -315,9 +315,10 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 	rc.Step = o.step
 	rc.PreemptForWaiting = o.preemptWaiting
 	qthr := o.qthr
-	if o.credit {
+	if o.credit && !o.plain {
 		// flowhttp.Gateway's wiring with its credit on: it scores a pod's
 		// queue against CreditQueueDepthThreshold (TestGatewayWiringDefault).
+		// A plain Controller over a Poller keeps the Poller's defaults.
 		if qthr == 0 {
 			qthr = flowhttp.CreditQueueDepthThreshold
 		}

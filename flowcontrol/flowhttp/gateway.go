@@ -92,14 +92,6 @@ type GatewayConfig struct {
 	// two scrapes close the gate before they fill the pool. Off, the
 	// saturation is what the last scrape said.
 	NoCredit bool
-	// NoPromptTokens keeps a zero Poller.Scorer.PromptTokenThreshold at 0
-	// (no prompt-token term). False (the default): a zero threshold means
-	// saturation.DefaultPromptTokenThreshold, so a pod's waiting prompt
-	// tokens count as well as its waiting requests, since a queue of long
-	// prompts holds more prefill ahead of a new critical request than a
-	// queue of short ones. Engines without vLLM's
-	// vllm:request_prompt_tokens histogram (SGLang) have no such term.
-	NoPromptTokens bool
 	// HTTP configures Handler (classification, body bounds, OnFinish);
 	// its zero value protects (see Options).
 	HTTP Options
@@ -192,9 +184,6 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	pc.Scorer.InFlightCredit = !cfg.NoCredit
 	if !cfg.NoCredit && pc.Scorer.QueueDepthThreshold == 0 {
 		pc.Scorer.QueueDepthThreshold = CreditQueueDepthThreshold
-	}
-	if !cfg.NoPromptTokens && pc.Scorer.PromptTokenThreshold == 0 {
-		pc.Scorer.PromptTokenThreshold = saturation.DefaultPromptTokenThreshold
 	}
 	poller, err := saturation.NewPoller(pc)
 	if err != nil {

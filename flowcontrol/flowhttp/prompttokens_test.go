@@ -17,7 +17,7 @@ import (
 // weighs a pod's waiting requests by their mean prompt length
 // (saturation.DefaultPromptTokenThreshold): three waiting prompts of 1,176
 // tokens score 3·1176/4096, where the request count alone says 3/5; with
-// NoPromptTokens it is the reference 3/5, and an explicit threshold is kept.
+// Poller.NoPromptTokens it is the reference 3/5, and an explicit threshold is kept.
 func TestGatewayShipsPromptTokenTerm(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "vllm:num_requests_waiting 3\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n"+
@@ -30,7 +30,7 @@ func TestGatewayShipsPromptTokenTerm(t *testing.T) {
 		want float64
 	}{
 		{"default", flowhttp.GatewayConfig{}, 3 * 1176 / float64(saturation.DefaultPromptTokenThreshold)},
-		{"off", flowhttp.GatewayConfig{NoPromptTokens: true}, 3.0 / 5},
+		{"off", flowhttp.GatewayConfig{Poller: saturation.PollerConfig{NoPromptTokens: true}}, 3.0 / 5},
 		{"explicit", flowhttp.GatewayConfig{Poller: saturation.PollerConfig{Scorer: saturation.Scorer{PromptTokenThreshold: 1176}}}, 3},
 	} {
 		cfg := c.cfg

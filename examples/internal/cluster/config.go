@@ -229,6 +229,9 @@ type Config struct {
 	// noSkip makes every gateway tick on every tick of the run (tests compare it with
 	// the skipping loop, which must give the same result).
 	noSkip bool
+	// policy, if set, replaces the policy of a flowgate row (tests compare a
+	// user's PolicyFunc with the shipped policy it restates).
+	policy flowcontrol.CeilingPolicy
 	// onTick, if set, is called after every tick the dispatcher runs, with the
 	// saturation the tick was accounted at (tests).
 	onTick func(s *sim, g *gateway, sat float64)

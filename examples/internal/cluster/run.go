@@ -272,6 +272,9 @@ func run(cfg Config) (*sim, error) {
 		}
 		s.llmdCeilings = c
 	}
+	if cfg.policy != nil && cfg.flowgate() {
+		s.policy = cfg.policy
+	}
 	cfg.Replica.PriorityScheduling = cfg.BackendPriority
 	for range cfg.Replicas {
 		r, err := vllm.New(cfg.Replica)
