@@ -607,15 +607,15 @@ func (d *Dispatcher[T]) regate(i int, b *band[T]) {
 // (or Abandon). Traffic that only ever takes the fast path keeps Run
 // ticking: the fast path needs a gate at most a tick old, and a Run that
 // slept between requests would send the next arrivals through the queue
-// and a hand-off to Run's goroutine (at 5k req/s on an open band, one
-// request in seven did, for a tenth of the throughput). On waking it credits
+// and a hand-off to Run's goroutine, at a fraction of the throughput. On
+// waking it credits
 // the ticks it slept through (see Stats.Ticks) and runs the tick that is
 // due, so tick counts, duty cycles and expiry are exactly what ticking
 // through the idle stretch would have given.
 //
 // Late timers lose nothing: a timer that fires late (a busy process or
-// host) runs the ticks it missed, up to catchUp of them, so a gated band's
-// rate does not depend on CPU contention.
+// host) runs the ticks it missed, up to a bound (200 ms of ticks), so a
+// gated band's rate does not depend on CPU contention.
 func (d *Dispatcher[T]) Run(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err

@@ -541,7 +541,7 @@ func costOf(c float64) float64 {
 // real cost minus the estimate given at EnqueueFlow; negative gives
 // service back). Under fair-share it moves the flow's virtual finish tag,
 // so a flow that under-estimates pays for it at its next releases. It takes
-// effect at the next run (Step or Poll; Run polls at once); a flow never
+// effect at the next run (Step or Flush; Run flushes at once); a flow never
 // starts before the current virtual time because of it, and an idle flow
 // pays it from the virtual time on (idleness does not forgive it). A flow
 // set ahead of the virtual time by a correction is remembered until the

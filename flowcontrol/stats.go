@@ -17,7 +17,7 @@ type Stats struct {
 	// Saturation is the sanitised reading of the last tick (0 before the
 	// first).
 	Saturation float64
-	// Ticks counts ticks: Step calls (Run's included; Poll excluded)
+	// Ticks counts ticks: Step calls (Run's included; Flush excluded)
 	// plus the ticks Run slept through while every band was empty.
 	Ticks uint64
 	// UnknownBand counts calls refused with ErrUnknownBand.

@@ -41,7 +41,7 @@ const DefaultMetricsPath = "/metrics"
 const CreditQueueDepthThreshold = 6.25
 
 // DefaultBands is GatewayConfig.Flow.Bands' default: llm-d's two objectives,
-// critical (band 0, never gated by the soft-reflective ceiling) and
+// critical (band 0, never gated: see flowcontrol.Dispatcher) and
 // sheddable. Their queues are long enough for a burst of a few seconds of a
 // busy pool; a sheddable request that waited two minutes is refused 503
 // expired rather than served after its client gave up.
