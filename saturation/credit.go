@@ -330,9 +330,6 @@ func (p *Poller) Dec() {
 // 2^−25, see Saturation). Without it the count is kept (Readings shows it)
 // but not scored. Call Finished
 // once for every Dispatched that returned true, when the request ends.
-//
-// When PollerConfig.InFlight is set, that hook supplies the counts instead
-// and Dispatched and Finished do nothing (and report false).
 func (p *Poller) Dispatched(endpoint string) bool {
 	c := p.lookup(endpoint)
 	if c == nil || c.removed.Load() {
@@ -362,9 +359,6 @@ func (p *Poller) Finished(endpoint string) bool {
 }
 
 func (p *Poller) lookup(endpoint string) *credit {
-	if p.cfg.InFlight != nil {
-		return nil
-	}
 	m := p.live.byEndpoint.Load()
 	if m == nil {
 		return nil
@@ -373,7 +367,7 @@ func (p *Poller) lookup(endpoint string) *credit {
 }
 
 // InFlight returns the number of requests Dispatched to endpoint and not yet
-// Finished (0 for an unknown endpoint, or when PollerConfig.InFlight is set).
+// Finished (0 for an unknown endpoint).
 func (p *Poller) InFlight(endpoint string) int64 {
 	if c := p.lookup(endpoint); c != nil {
 		return c.count()

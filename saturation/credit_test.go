@@ -442,9 +442,7 @@ func TestLiveCreditSaturatesCount(t *testing.T) {
 }
 
 // BenchmarkInFlightCredit: one dispatch, one saturation read and one
-// completion, as a proxy does per forwarded request. "hook+Rescore" is the
-// old path (PollerConfig.InFlight read by a Rescore after each dispatch,
-// as examples/proxy did); "live" is Dispatched/Finished.
+// completion, as a proxy does per forwarded request (Dispatched/Finished).
 func BenchmarkInFlightCredit(b *testing.B) {
 	for _, pods := range []int{8, 64} {
 		eps := make([]string, pods)
@@ -456,28 +454,6 @@ func BenchmarkInFlightCredit(b *testing.B) {
 				inject(b, p, ep, Reading{Waiting: 1, Running: 3, KVUsage: 0.3}, nil)
 			}
 		}
-		b.Run(fmt.Sprintf("pods=%d/hook+Rescore", pods), func(b *testing.B) {
-			counts := make(map[string]*atomic.Int64, pods)
-			for _, ep := range eps {
-				counts[ep] = new(atomic.Int64)
-			}
-			p, err := NewPoller(PollerConfig{Endpoints: eps, Scorer: Scorer{InFlightCredit: true},
-				InFlight: func(ep string) int64 { return counts[ep].Load() }})
-			require.NoError(b, err)
-			fill(p)
-			b.ReportAllocs()
-			var sink float64
-			i := 0
-			for b.Loop() {
-				c := counts[eps[i%pods]]
-				c.Add(1)
-				p.Rescore()
-				sink += p.Saturation()
-				c.Add(-1)
-				i++
-			}
-			_ = sink
-		})
 		b.Run(fmt.Sprintf("pods=%d/live", pods), func(b *testing.B) {
 			p, err := NewPoller(PollerConfig{Endpoints: eps, Scorer: Scorer{InFlightCredit: true}})
 			require.NoError(b, err)

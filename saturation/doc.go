@@ -75,8 +75,10 @@
 // show it. The credit is Scorer.Pod's: a credited request counts as a
 // waiting one in every term, the prompt-token term included. Saturation
 // stays O(1) in the number of pods (Poller.Saturation states the
-// precision). The older PollerConfig.InFlight hook, read only at scrape
-// results and rescores, is deprecated. Requests other gateway replicas have
+// precision). A host that does not know where a request went (a plain
+// flowcontrol.Controller) tells the poller of releases instead (Poller.Inc,
+// Poller.Dec): they count against the pool (Scorer.PoolReleased). Requests
+// other gateway replicas have
 // in flight (the shared view of package redisshare) go in
 // PollerConfig.PeerInFlight, read at results and rescores.
 // Poller.ReadingSeq counts the scrape results applied, so a dispatcher can

@@ -80,9 +80,6 @@ func FuzzNewPoller(f *testing.F) {
 			Interval: time.Duration(interval), Timeout: time.Duration(timeout), MaxBodyBytes: maxBody,
 			Scorer: sc, FailFast: flags&8 != 0,
 		}
-		if flags&2 != 0 {
-			cfg.InFlight = func(string) int64 { return 3 }
-		}
 		if waitingName != "" || kvName != "" {
 			cfg.Metrics = MetricNames{Waiting: nonEmpty(waitingName), KVUsage: nonEmpty(kvName)}
 		}
@@ -149,7 +146,7 @@ func FuzzNewPoller(f *testing.F) {
 		}
 		// The live credit agrees with Scorer.Pool over the readings with
 		// the same counts, within its documented bound.
-		if cfg.InFlight == nil {
+		{
 			counts := map[string]int64{}
 			for _, ep := range p.Endpoints() {
 				for range 3 {

@@ -118,20 +118,6 @@ type PollerConfig struct {
 	NoPromptTokens bool
 	// Metrics names the metrics to read. The zero value means VLLM().
 	Metrics MetricNames
-	// InFlight, when set, returns the number of requests this host has
-	// in flight to an endpoint; it feeds Reading.InFlight, which the
-	// Scorer credits when Scorer.InFlightCredit is set. It is called
-	// under the poller's lock, for one pod when its scrape result
-	// arrives and for every pod at each rescore: keep it fast and do not
-	// call the poller from it. While it is set, Dispatched and Finished
-	// do nothing.
-	//
-	// Deprecated: leave it nil and call Poller.Dispatched and
-	// Poller.Finished: their credit moves the saturation at once, with
-	// atomics only, where this hook's moves only at the next result or
-	// Rescore (a lock and O(pods) per call). Other replicas' requests go
-	// in PeerInFlight.
-	InFlight func(endpoint string) int64
 	// PeerInFlight, when set, returns the number of requests other gateway
 	// replicas have in flight to an endpoint (for example
 	// redisshare.Endpoint.Others): with Scorer.InFlightCredit, the pod's
@@ -141,7 +127,7 @@ type PollerConfig struct {
 	// every pod at each rescore (every Interval under Run), so the peers'
 	// part moves at that pace while the own part moves at once; keep it
 	// fast and do not call the poller from it. A negative value counts as
-	// 0. It cannot be combined with InFlight.
+	// 0.
 	PeerInFlight func(endpoint string) int64
 	// FailFast scores a pod 1 as soon as one scrape fails. When false
 	// (the default) a failed scrape keeps the pod's last good reading until it is older
@@ -172,9 +158,7 @@ type PodReading struct {
 	// Reading is the last good reading (OK false if none, or after a
 	// failure with FailFast or a bad value), with InFlight the pod's
 	// live count at the snapshot (Dispatched minus Finished) plus the
-	// peers' count (PeerInFlight) as of the pod's last rescore, or with the
-	// deprecated PollerConfig.InFlight hook its value at the pod's last
-	// rescore.
+	// peers' count (PeerInFlight) as of the pod's last rescore.
 	Reading
 	// Score is the pod's saturation at its last rescore, without the live
 	// in-flight credit of this poller's own requests (which
@@ -346,9 +330,6 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("%w: PollerConfig.MaxBodyBytes must be >= 0, got %d", ErrInvalidConfig, cfg.MaxBodyBytes)
 	}
-	if cfg.PeerInFlight != nil && cfg.InFlight != nil {
-		return nil, fmt.Errorf("%w: PollerConfig.PeerInFlight cannot be combined with the deprecated PollerConfig.InFlight (which counts every request itself)", ErrInvalidConfig)
-	}
 	names := cfg.Metrics
 	if len(names.Waiting) == 0 && len(names.Running) == 0 && len(names.KVUsage) == 0 {
 		names = VLLM()
@@ -398,8 +379,8 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 
 // Saturation returns the pool saturation as of the last scrape result or
 // rescore, with the live in-flight credit of every request Dispatched and not
-// yet Finished (when Scorer.InFlightCredit is set and PollerConfig.InFlight
-// is not); 1 before the first result and after Run returns. Two atomic loads
+// yet Finished (when Scorer.InFlightCredit is set) and of the requests
+// released to the pool (Inc); 1 before the first result and after Run returns. Two atomic loads
 // and a few flops: no I/O, lock or allocation, whatever the number of pods.
 //
 // At rest (no Dispatched, Finished or result half applied) it equals
@@ -499,9 +480,7 @@ func (p *Poller) AppendReadings(dst []PodReading) []PodReading {
 	defer p.mu.Unlock()
 	for _, pd := range p.order {
 		r := pd.PodReading
-		if p.cfg.InFlight == nil {
-			r.InFlight = pd.cr.count() + pd.peers
-		}
+		r.InFlight = pd.cr.count() + pd.peers
 		dst = append(dst, r)
 	}
 	return dst
@@ -516,8 +495,7 @@ func (p *Poller) AppendReadings(dst []PodReading) []PodReading {
 // returned (or Close stopped a Start) the pool keeps reading 1, Rescore or
 // not, until a Scrape reads the pods again. It takes the poller's lock and
 // costs O(pods). It is not needed for the in-flight credit of Dispatched and
-// Finished, which moves the saturation at once; the deprecated
-// PollerConfig.InFlight hook is read here and at each scrape result only.
+// Finished, which moves the saturation at once.
 func (p *Poller) Rescore() {
 	p.mu.Lock()
 	p.rescoreLocked()
@@ -536,15 +514,10 @@ func (p *Poller) rescoreLocked() {
 }
 
 // scorePodLocked refreshes one pod's score without live credit, its credit
-// threshold, usability and reason (not the pool). With the deprecated hook,
-// the hook's count is read now and scored the old way, into Score. The
-// peers' count (PeerInFlight) is read now too: it shifts the threshold down
+// threshold, usability and reason (not the pool). The peers' count (PeerInFlight) is read now too: it shifts the threshold down
 // by as many requests, and what exceeds the threshold goes into Score.
 func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 	pd.InFlight, pd.peers = 0, 0
-	if p.cfg.InFlight != nil {
-		pd.InFlight = p.cfg.InFlight(pd.Endpoint)
-	}
 	if p.cfg.PeerInFlight != nil {
 		pd.peers = max(0, p.cfg.PeerInFlight(pd.Endpoint))
 	}
@@ -569,7 +542,7 @@ func (p *Poller) scorePodLocked(pd *pod, now time.Time) {
 		pd.relT = max(0, pd.relT-float64(pd.peers))
 	}
 	t, slope := noCredit.t, noCredit.slope
-	if p.cfg.InFlight == nil && p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
+	if p.scorer.InFlightCredit && pd.Usable && !math.IsInf(pd.Score, 1) {
 		// credit = m·max(0, own + peers − T) = m·max(0, own − (T − peers)),
 		// and when peers ≥ T it is m·(own + (peers − T)) for every own ≥ 0.
 		t, slope = p.scorer.creditHinge(pd.Reading)
@@ -714,9 +687,8 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	pd.Err = res.err
 	pd.bad = errors.Is(res.err, ErrBadValue)
 	if res.err == nil {
-		inflight := pd.InFlight
 		pd.Reading = res.r
-		pd.InFlight = inflight
+		pd.InFlight = 0
 		pd.Failures = 0
 	} else {
 		pd.Failures++

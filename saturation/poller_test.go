@@ -277,39 +277,6 @@ func TestPollerRescoreStaleness(t *testing.T) {
 	assert.False(t, p.Readings()[0].Usable)
 }
 
-func TestPollerInFlightCredit(t *testing.T) {
-	clk := newFakeClock()
-	a, _ := vllmPod(t, 1, 2, 0) // waiting 1, running 2
-	b, _ := vllmPod(t, 0, 0, 0)
-	var mu sync.Mutex
-	inflight := map[string]int64{a: 8, b: 0}
-	p := newTestPoller(t, PollerConfig{
-		Endpoints: []string{a, b}, Now: clk.Now,
-		Scorer: Scorer{InFlightCredit: true},
-		InFlight: func(ep string) int64 {
-			mu.Lock()
-			defer mu.Unlock()
-			return inflight[ep]
-		},
-	})
-	require.NoError(t, p.Scrape(context.Background()))
-	// a: waiting' = 1 + (8 − 3) = 6 → 1.2; b: 0 → pool 0.6.
-	assert.InDelta(t, 0.6, p.Saturation(), 1e-12)
-	assert.Equal(t, int64(8), p.Readings()[0].InFlight)
-
-	// Dispatches between scrapes count at the next rescore, no I/O needed.
-	mu.Lock()
-	inflight[b] = 10
-	mu.Unlock()
-	p.Rescore()
-	assert.InDelta(t, (1.2+2)/2, p.Saturation(), 1e-12)
-
-	// With the hook set, the poller's own counters do nothing.
-	assert.False(t, p.Dispatched(a))
-	assert.False(t, p.Finished(a))
-	assert.InDelta(t, (1.2+2)/2, p.Saturation(), 1e-12)
-}
-
 // TestPollerLiveCredit: Dispatched and Finished move the saturation at once,
 // without Rescore, by the formula of Scorer.
 func TestPollerLiveCredit(t *testing.T) {
@@ -438,8 +405,6 @@ func TestNewPollerValidation(t *testing.T) {
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: -1}}},
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: time.Nanosecond}}},
 		{"Scorer.Staleness", PollerConfig{Scorer: Scorer{Staleness: 87600 * time.Hour}}}, // metricsStalenessThreshold: 87600h
-		{"PollerConfig.PeerInFlight", PollerConfig{PeerInFlight: func(string) int64 { return 0 },
-			InFlight: func(string) int64 { return 0 }}},
 		{"MetricNames.KVUsage", PollerConfig{Metrics: MetricNames{Waiting: []string{"w"}}}},
 		{"MetricNames.Waiting", PollerConfig{Metrics: MetricNames{KVUsage: []string{"kv"}}}},
 		{"endpoint 0", PollerConfig{Endpoints: []string{"not a url"}}},
@@ -461,7 +426,6 @@ func TestNewPollerValidation(t *testing.T) {
 		"staleness edges":      {Timeout: MinTimeout, Scorer: Scorer{Staleness: MinStaleness}},
 		"staleness upper edge": {Timeout: time.Hour, Scorer: Scorer{Staleness: MaxStaleness}},
 		"kv threshold 1":       {Scorer: Scorer{KVUtilThreshold: 1}},
-		"credit with InFlight": {Scorer: Scorer{InFlightCredit: true}, InFlight: func(string) int64 { return 0 }},
 		"credit, own counters": {Scorer: Scorer{InFlightCredit: true}},
 		"credit with peers":    {Scorer: Scorer{InFlightCredit: true}, PeerInFlight: func(string) int64 { return 0 }},
 	}

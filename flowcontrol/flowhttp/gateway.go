@@ -78,8 +78,7 @@ type GatewayConfig struct {
 	OnOutcome func(band int, outcome error, waited time.Duration)
 	// Poller configures the scraping of the endpoints' metrics (interval,
 	// timeout, scorer, metric names); zero fields are the poller's
-	// defaults. Endpoints must be empty (they come from Endpoints) and
-	// InFlight nil (the gateway counts through Forward).
+	// defaults. Endpoints must be empty (they come from Endpoints).
 	// Scorer.InFlightCredit is set from NoCredit, and with the credit on a
 	// zero Scorer.QueueDepthThreshold means CreditQueueDepthThreshold.
 	// PeerInFlight adds other gateway replicas' requests
@@ -153,9 +152,8 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if cfg.Flow.Source != nil {
 		return nil, fmt.Errorf("%w: Flow.Source must be nil: the gateway reads its poller", ErrInvalidConfig)
 	}
-	//lint:ignore SA1019 read only to refuse it: the gateway counts through Forward
-	if len(cfg.Poller.Endpoints) != 0 || cfg.Poller.InFlight != nil {
-		return nil, fmt.Errorf("%w: Poller.Endpoints and Poller.InFlight must be unset: the endpoints are GatewayConfig.Endpoints, counted by Forward", ErrInvalidConfig)
+	if len(cfg.Poller.Endpoints) != 0 {
+		return nil, fmt.Errorf("%w: Poller.Endpoints must be unset: the endpoints are GatewayConfig.Endpoints", ErrInvalidConfig)
 	}
 	switch h := cfg.CriticalKVHeadroom; {
 	case !(h >= 0 && h <= 1):
