@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -57,7 +58,12 @@ type ClassResult struct {
 	Status  map[int]int    // HTTP status → count
 	Reasons map[string]int // x-flowgate-reason of refused requests
 	Errors  int            // transport errors: no response at all
-	Cut     int            // 200 whose stream ended without [DONE] (or unreadable body)
+	// Cut counts 200 answers that ended before their last token (a stream
+	// without [DONE], an unreadable body) from the server's side.
+	Cut int
+	// Stopped counts 200 answers the client itself cut off mid-answer:
+	// still streaming when it stopped waiting (the drain bound or Ctrl-C).
+	Stopped int
 	// Completed counts 200 responses read to the end.
 	Completed int
 	TTFT      []time.Duration // streamed requests only
@@ -245,7 +251,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 		cls.record(func() {
 			cls.Status[http.StatusOK]++
 			if err != nil || len(out.Choices) == 0 {
-				cls.Cut++
+				cls.unfinished(ctx)
 				return
 			}
 			cls.Completed++
@@ -277,7 +283,7 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 	cls.record(func() {
 		cls.Status[http.StatusOK]++
 		if !complete {
-			cls.Cut++
+			cls.unfinished(ctx)
 			return
 		}
 		cls.Completed++
@@ -293,8 +299,20 @@ func (c *ClassResult) record(f func()) {
 	c.statusMu.Unlock()
 }
 
-// summary is one line of counts: sent, 200 complete, refused by status and
-// reason, cut, transport errors.
+// unfinished counts a 200 answer that ended before its last token: Stopped
+// when the client had stopped waiting (ctx done), else Cut. Called under
+// statusMu.
+func (c *ClassResult) unfinished(ctx context.Context) {
+	if ctx.Err() != nil {
+		c.Stopped++
+	} else {
+		c.Cut++
+	}
+}
+
+// summary is one line of counts, each saying what it counts: sent,
+// completed, refused by status and reason, answers cut off by the client
+// at the end or by the server, requests with no response.
 func (c *ClassResult) summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sent %d, completed %d", c.Sent, c.Completed)
@@ -306,16 +324,28 @@ func (c *ClassResult) summary() string {
 	}
 	slices.Sort(codes)
 	for _, code := range codes {
-		fmt.Fprintf(&b, ", %d×%d", c.Status[code], code)
+		fmt.Fprintf(&b, ", %d refused with %d", c.Status[code], code)
 	}
-	for r, n := range c.Reasons {
-		fmt.Fprintf(&b, " (%s %d)", r, n)
+	reasons := slices.Sorted(maps.Keys(c.Reasons))
+	for i, r := range reasons {
+		if i == 0 {
+			b.WriteString(" (reason:")
+		} else {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " %s %d", r, c.Reasons[r])
+		if i == len(reasons)-1 {
+			b.WriteString(")")
+		}
+	}
+	if c.Stopped > 0 {
+		fmt.Fprintf(&b, ", %d still streaming when the client stopped waiting (cut off, not completed)", c.Stopped)
 	}
 	if c.Cut > 0 {
-		fmt.Fprintf(&b, ", cut %d", c.Cut)
+		fmt.Fprintf(&b, ", %d answers ended early by the server", c.Cut)
 	}
 	if c.Errors > 0 {
-		fmt.Fprintf(&b, ", no response %d", c.Errors)
+		fmt.Fprintf(&b, ", %d with no response", c.Errors)
 	}
 	return b.String()
 }

@@ -1,9 +1,8 @@
-// Command embed is the README's embedding example: a protected inference
-// gateway in front of vLLM servers, written against flowgate's public API
-// only (flowhttp.Gateway). Its routing, the least-loaded endpoint (for a
-// critical request, with -backend-priority, among those with room in their
-// KV cache: flowhttp.Router.Route), is the one line a host would replace
-// with its own.
+// Command embed is the README's program: a protected inference gateway in
+// front of vLLM servers, on flowgate's public API only (flowhttp.Gateway).
+// Its routing, rt.Route, is the line a host replaces with its own.
+// embed_test.go checks that the README shows this file from its package
+// clause on, so the README's program is the one that compiles here.
 //
 //	go run ./examples/embed -backends http://127.0.0.1:8001,http://127.0.0.1:8002
 package main
@@ -28,17 +27,15 @@ import (
 
 var (
 	addr     = flag.String("addr", "127.0.0.1:8000", "listen address")
-	backends = flag.String("backends", "http://127.0.0.1:8001,http://127.0.0.1:8002", "the model servers' base URLs, comma-separated")
-	noCredit = flag.Bool("no-credit", false, "turn the in-flight credit off (to measure what it does)")
-	priority = flag.Bool("backend-priority", false, "the servers run --scheduling-policy priority: write each request's band into its body, route critical ones by KV headroom")
+	backends = flag.String("backends", "http://127.0.0.1:8001,http://127.0.0.1:8002", "vLLM base URLs")
+	noCredit = flag.Bool("no-credit", false, "count a forwarded request as load only once /metrics shows it")
 )
 
 func main() {
 	flag.Parse()
+	// The gateway reads each server's /metrics, queues requests by band
+	// and releases each band as the servers' load allows.
 	cfg := flowhttp.GatewayConfig{Endpoints: strings.Split(*backends, ","), NoCredit: *noCredit}
-	if *priority {
-		cfg.HTTP.ForwardPriority = flowhttp.PrioritySet // and the critical routing on (Route)
-	}
 	gw, err := flowhttp.NewGateway(cfg)
 	if err != nil {
 		log.Fatal(err)
@@ -53,12 +50,14 @@ func main() {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.Handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		b := rt.Route(w)         // the host's routing: least loaded, critical by KV room
-		defer gw.Forward(w, b)() // counted on b until the answer is copied
+		b := rt.Route(w)         // your routing: Route picks the least loaded server
+		defer gw.Forward(w, b)() // counts as load on b until the answer is copied
 		proxies[b].ServeHTTP(w, r)
 	})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Serves mux behind the queues, with bounded timeouts, until SIGTERM;
+	// then answers what is queued and drains what is in flight.
 	if err := gw.ListenAndServe(ctx, *addr, mux, flowhttp.ServerConfig{}); err != nil {
 		log.Fatal(err)
 	}

@@ -191,8 +191,8 @@ func TestMetricsWithTwoBackendsOnOneHostPort(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-		require.Contains(t, string(body), `flowgate_backend_inflight{backend="`+b.srv.URL+`/a"}`)
-		require.Contains(t, string(body), `flowgate_backend_inflight{backend="`+b.srv.URL+`/b"}`)
+		require.Contains(t, string(body), `flowgate_endpoint_inflight{endpoint="`+b.srv.URL+`/a"}`)
+		require.Contains(t, string(body), `flowgate_endpoint_inflight{endpoint="`+b.srv.URL+`/b"}`)
 	}
 }
 
@@ -250,8 +250,9 @@ func TestEnginePresetAndScrapeFailureLogged(t *testing.T) {
 	require.GreaterOrEqual(t, p.Poller().Saturation(), 1.0)
 }
 
-// With LLMDMetrics, /metrics also serves llm-d's flow-control names, with
-// llm-d's outcome values and the bands' priorities.
+// With LLMDMetrics, /metrics serves llm-d's flow-control names, with llm-d's
+// outcome values and the bands' priorities, in place of flowgate's names of
+// the same facts.
 func TestLLMDMetricNames(t *testing.T) {
 	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
 	cfg := testConfig()
@@ -280,8 +281,12 @@ func TestLLMDMetricNames(t *testing.T) {
 		`llm_d_epp_flow_control_request_queue_duration_seconds_count{fairness_id="default-flow",outcome="EvictedTTL",priority="0"} 1`,
 		`llm_d_epp_flow_control_queue_size{fairness_id="default-flow",priority="0"} 0`,
 		`llm_d_epp_flow_control_pool_saturation `,
-		`flowgate_requests_total{band="critical",outcome="dispatched"} `, // ours beside
 	} {
 		require.Contains(t, string(body), want)
 	}
+	// One name per fact: llm-d's replace ours.
+	for _, name := range []string{"flowgate_queue_depth", "flowgate_saturation", "flowgate_requests_total", "flowgate_wait_seconds"} {
+		require.NotContains(t, string(body), "# TYPE "+name+" ")
+	}
+	require.Contains(t, string(body), "# TYPE flowgate_refused_total ")
 }

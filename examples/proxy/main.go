@@ -23,7 +23,7 @@ func main() {
 	configPath := flag.String("config", "", "optional YAML configuration (see examples/proxy/config.yaml)")
 	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends := flag.String("backends", "", "comma-separated base URLs of the model servers")
-	llmdMetrics := flag.Bool("llm-d-metrics", false, "also export llm-d's flow-control metric names (llm_d_epp_flow_control_*) on /metrics")
+	llmdMetrics := flag.Bool("llm-d-metrics", false, "serve llm-d's flow-control metric names (llm_d_epp_flow_control_*) on /metrics in place of flowgate's for the same four facts")
 	var sf serverFlags
 	sf.register(flag.CommandLine)
 	var sh sharedFlags

@@ -338,7 +338,7 @@ func TestMetricsEndpointMatchesStats(t *testing.T) {
 	require.Equal(t, 4.0, total)
 	require.Equal(t, uint64(2), st.Bands[0].Dispatched)
 	require.Equal(t, uint64(2), st.Bands[1].Dispatched) // "" → default band
-	require.Equal(t, 0.0, get("flowgate_backend_inflight", "backend", b.srv.URL).GetGauge().GetValue())
+	require.Equal(t, 0.0, get("flowgate_endpoint_inflight", "endpoint", b.srv.URL).GetGauge().GetValue())
 }
 
 // TestShutdownUnderLoadLosesNothing: critical requests stream while

@@ -597,7 +597,7 @@ saturationDetector:
 		var b strings.Builder
 		for i, r := range current {
 			fmt.Fprintf(&b, "replica %d (%s):", i, r.addr)
-			for _, m := range []string{"flowgate_queue_depth", "flowgate_ticks_total", "flowgate_saturation", "flowgate_backend_inflight",
+			for _, m := range []string{"flowgate_queue_depth", "flowgate_ticks_total", "flowgate_saturation", "flowgate_endpoint_inflight",
 				"flowgate_shared_inflight_up", "flowgate_shared_inflight_peers", "flowgate_released_unforwarded"} {
 				v, err := scrape(probe, r.addr, m)
 				fmt.Fprintf(&b, " %s=%v", strings.TrimPrefix(m, "flowgate_"), v)
@@ -683,10 +683,10 @@ saturationDetector:
 	// kill -9 replica 2 once it has requests in flight (a few: as many as
 	// a loaded machine's slow backends let it hold); new arrivals go to
 	// the other two from just before.
-	waitMetric(t, client, "replica 2 has requests in flight", stateBound, "flowgate_backend_inflight",
+	waitMetric(t, client, "replica 2 has requests in flight", stateBound, "flowgate_endpoint_inflight",
 		func(v float64) bool { return v >= 3 }, addrs[2])
 	all.Store(&[]int{0, 1})
-	others, _ := scrape(client, addrs[0], "flowgate_backend_inflight_others")
+	others, _ := scrape(client, addrs[0], "flowgate_endpoint_inflight_others")
 	lagAtKill := lag()
 	require.NoError(t, rs[2].cmd.Process.Signal(syscall.SIGKILL))
 	left := waitMetric(t, client, "the killed replica leaves the view", stateBound, "flowgate_shared_inflight_peers",
@@ -694,8 +694,8 @@ saturationDetector:
 	starved := lag() - lagAtKill
 	// What replica 0 counts for the others is now replica 1's own (as of
 	// the last sync: the two differ by what moved within one period).
-	othersAfter, _ := scrape(client, addrs[0], "flowgate_backend_inflight_others")
-	ownOf1, _ := scrape(client, addrs[1], "flowgate_backend_inflight")
+	othersAfter, _ := scrape(client, addrs[0], "flowgate_endpoint_inflight_others")
+	ownOf1, _ := scrape(client, addrs[1], "flowgate_endpoint_inflight")
 	t.Logf("kill -9 of replica 2 (%v requests in flight at replica 0's view of the others before): gone from both survivors' view after %v (TTL 1s); then replica 0 counts %v for the others, replica 1 %v of its own",
 		others, left.Round(time.Millisecond), othersAfter, ownOf1)
 	// Within the TTL (plus the sync period, the survivors' scrape and this

@@ -185,7 +185,7 @@ func TestSharedInFlightSteersPick(t *testing.T) {
 	resp.Body.Close()
 	require.NoError(t, err)
 	require.Contains(t, string(body), `flowgate_shared_inflight_peers{replica="b"} 1`)
-	require.Contains(t, string(body), `flowgate_backend_inflight_others{backend="`+x.srv.URL+`"} 4`)
+	require.Contains(t, string(body), `flowgate_endpoint_inflight_others{endpoint="`+x.srv.URL+`"} 4`)
 }
 
 // TestSharedInFlightWithoutRedis: a proxy whose Redis is not there starts,

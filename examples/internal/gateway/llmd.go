@@ -5,14 +5,16 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/flowgate/flowgate/flowcontrol"
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 )
 
-// llm-d's flow-control metric names (Options.LLMDMetrics), exported beside
-// flowgate's so that dashboards and autoscaling triggers written for llm-d
-// work unchanged:
+// llm-d's flow-control metric names (Options.LLMDMetrics), exported in
+// place of flowgate's families of the same facts (llmdReplaces), so that
+// dashboards and autoscaling triggers written for llm-d work unchanged and
+// each fact is served once:
 //
 //	llm_d_epp_flow_control_queue_size{fairness_id,priority}                    gauge
 //	llm_d_epp_flow_control_request_queue_duration_seconds{fairness_id,priority,outcome} histogram
@@ -28,6 +30,29 @@ import (
 // while queued). Requests refused on their body before queueing
 // (too large, too slow, unreadable) are not flow-control outcomes and are
 // not counted here.
+// llmdReplaces are flowgate's families that say what llm-d's four say:
+// with LLMDMetrics, /metrics leaves them out.
+var llmdReplaces = map[string]bool{
+	"flowgate_queue_depth":    true, // llm_d_epp_flow_control_queue_size
+	"flowgate_saturation":     true, // llm_d_epp_flow_control_pool_saturation
+	"flowgate_requests_total": true, // llm_d_epp_flow_control_requests_total
+	"flowgate_wait_seconds":   true, // llm_d_epp_flow_control_request_queue_duration_seconds
+}
+
+// withoutFamilies gathers g less the families named in drop.
+func withoutFamilies(g prometheus.Gatherer, drop map[string]bool) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		fams, err := g.Gather()
+		out := fams[:0]
+		for _, f := range fams {
+			if !drop[f.GetName()] {
+				out = append(out, f)
+			}
+		}
+		return out, err
+	})
+}
+
 const (
 	llmdNamespace = "llm_d_epp"
 	llmdSubsystem = "flow_control"

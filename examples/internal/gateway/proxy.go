@@ -85,8 +85,10 @@ type Options struct {
 	// response headers. Default 10 min (a non-streamed completion's
 	// headers come when it is done).
 	BackendResponseHeaderTimeout time.Duration
-	// LLMDMetrics also exports llm-d's flow-control metric names
-	// (llm_d_epp_flow_control_*; see llmd.go) beside flowgate's.
+	// LLMDMetrics exports the four facts llm-d's flow controller names
+	// under llm-d's names (llm_d_epp_flow_control_*; see llmd.go) in place
+	// of flowgate's (flowgate_queue_depth, _saturation, _requests_total,
+	// _wait_seconds), so that each fact is served once.
 	LLMDMetrics bool
 	// Logf logs; default log.Printf. Use a no-op in tests.
 	Logf func(format string, args ...any)
@@ -193,6 +195,7 @@ type Proxy struct {
 	handler  http.Handler // the gate in front of route
 	llmd     *llmdMetrics // nil unless Options.LLMDMetrics
 	reg      *prometheus.Registry
+	gather   prometheus.Gatherer    // what /metrics serves: reg, less what llm-d's names replace
 	shared   *redisshare.InFlight   // nil unless Config.Shared is enabled
 	answers  *prometheus.CounterVec // proxy-level responses by band, code and reason
 	// okAnswers caches answers' child for a forwarded 200, per band (see
@@ -333,13 +336,15 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 		Help: "Requests the proxy finished, by band, HTTP status sent (0: client gone, none sent) and reason (forwarded: the backend answered).",
 	}, []string{"band", "code", "reason"})
 	p.okAnswers = make([]atomic.Pointer[prometheus.Counter], len(cfg.Bands))
-	p.reg.MustRegister(p.gw.Collector(), p.answers, newBackendCollector(p))
+	p.reg.MustRegister(p.gw.Collector(), p.answers)
+	p.gather = p.reg
 	if p.shared != nil {
-		p.reg.MustRegister(p.shared.Collector())
+		p.reg.MustRegister(p.shared.Collector(), newOthersCollector(p))
 	}
 	if opts.LLMDMetrics {
 		p.llmd = newLLMDMetrics(p)
 		p.reg.MustRegister(p.llmd)
+		p.gather = withoutFamilies(p.reg, llmdReplaces)
 	}
 	p.handler = p.gw.Handler(http.HandlerFunc(p.route))
 	return p, nil
@@ -524,7 +529,9 @@ func (p *Proxy) Poller() *saturation.Poller { return p.gw.Poller() }
 // Config returns the proxy's configuration.
 func (p *Proxy) Config() Config { return p.cfg }
 
-// Registry returns the Prometheus registry /metrics serves.
+// Registry returns the Prometheus registry behind /metrics (with
+// Options.LLMDMetrics, /metrics leaves out the families llm-d's names
+// replace).
 func (p *Proxy) Registry() *prometheus.Registry { return p.reg }
 
 // Answers returns the proxy's count of finished gated requests, keyed
@@ -578,7 +585,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.Se
 // route is the handler behind the gate.
 func (p *Proxy) route(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/metrics" && r.Method == http.MethodGet {
-		promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		promhttp.HandlerFor(p.gather, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 		return
 	}
 	p.forward(w, r)
@@ -817,54 +824,26 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// backendCollector exports per-backend state: in-flight count from the
-// proxy, and the poller's last reading and score.
-type backendCollector struct {
-	p        *Proxy
-	inflight *prometheus.Desc
-	others   *prometheus.Desc
-	score    *prometheus.Desc
-	waiting  *prometheus.Desc
-	kv       *prometheus.Desc
+// othersCollector exports, per endpoint, the other replicas' requests in
+// flight as of the shared view's last sync: the one per-endpoint fact the
+// proxy has beyond the Gateway's collector (flowgate_endpoint_*, which has
+// this replica's own count, the scraped readings and the score).
+type othersCollector struct {
+	p      *Proxy
+	others *prometheus.Desc
 }
 
-func newBackendCollector(p *Proxy) *backendCollector {
-	l := []string{"backend"}
-	return &backendCollector{
-		p:        p,
-		inflight: prometheus.NewDesc("flowgate_backend_inflight", "Requests this replica forwarded to the backend and not finished.", l, nil),
-		others: prometheus.NewDesc("flowgate_backend_inflight_others",
-			"The other gateway replicas' requests in flight to the backend, as of the shared view's last sync (only with sharedInFlight).", l, nil),
-		score:   prometheus.NewDesc("flowgate_backend_saturation", "The backend's saturation score at the poller's last rescore.", l, nil),
-		waiting: prometheus.NewDesc("flowgate_backend_requests_waiting", "The backend's vllm:num_requests_waiting at the last good scrape.", l, nil),
-		kv:      prometheus.NewDesc("flowgate_backend_kv_cache_usage", "The backend's vllm:kv_cache_usage_perc at the last good scrape.", l, nil),
-	}
+func newOthersCollector(p *Proxy) *othersCollector {
+	return &othersCollector{p: p, others: prometheus.NewDesc("flowgate_endpoint_inflight_others",
+		"The other gateway replicas' requests in flight to the endpoint, as of the shared view's last sync.", []string{"endpoint"}, nil)}
 }
 
-func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.inflight
-	if c.p.shared != nil {
-		ch <- c.others
-	}
-	ch <- c.score
-	ch <- c.waiting
-	ch <- c.kv
-}
+func (c *othersCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.others }
 
-func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *othersCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range c.p.backends {
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(b.own()), b.label)
 		if b.shared != nil {
 			ch <- prometheus.MustNewConstMetric(c.others, prometheus.GaugeValue, float64(b.shared.Others()), b.label)
 		}
-	}
-	for _, r := range c.p.gw.Poller().Readings() {
-		b := c.p.byMetric[r.Endpoint]
-		if b == nil {
-			continue
-		}
-		ch <- prometheus.MustNewConstMetric(c.score, prometheus.GaugeValue, r.Score, b.label)
-		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, r.Waiting, b.label)
-		ch <- prometheus.MustNewConstMetric(c.kv, prometheus.GaugeValue, r.KVUsage, b.label)
 	}
 }
