@@ -553,10 +553,10 @@ func BenchmarkController(b *testing.B) {
 		w := semaphore.NewWeighted(1 << 20)
 		workers := 8 * runtime.GOMAXPROCS(0)
 		wait := func(n int) {
-			if done, err := c.Wait(ctx, n&1); err != nil {
+			if p, err := c.Wait(ctx, n&1); err != nil {
 				b.Error(err)
 			} else {
-				done()
+				p.Done()
 			}
 		}
 		acquire := func(int) {
@@ -623,12 +623,12 @@ func benchController(b *testing.B, burst int) {
 		wctx := context.Background()
 		var n int64
 		for pb.Next() {
-			done, err := c.Wait(wctx, int(n&1))
+			p, err := c.Wait(wctx, int(n&1))
 			if err != nil {
 				b.Error(err)
 				return
 			}
-			done()
+			p.Done()
 			n++
 		}
 		waits.Add(n)
@@ -686,11 +686,11 @@ func benchGatedRate(b *testing.B, load string) {
 		go func() {
 			defer wg.Done()
 			for {
-				done, err := c.Wait(ctx, 1)
+				p, err := c.Wait(ctx, 1)
 				if err != nil {
 					return // ctx ended, or Close
 				}
-				done()
+				p.Done()
 				select {
 				case released <- struct{}{}:
 				default:
@@ -718,12 +718,12 @@ func benchGatedRate(b *testing.B, load string) {
 			go func() {
 				defer spinners.Done()
 				for !stop.Load() {
-					done, err := c.Wait(ctx, 0)
+					p, err := c.Wait(ctx, 0)
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					done()
+					p.Done()
 				}
 			}()
 		}
@@ -770,12 +770,12 @@ func BenchmarkWaitLatency(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		t0 := time.Now()
-		done, err := c.Wait(ctx, i&1)
+		p, err := c.Wait(ctx, i&1)
 		d := time.Since(t0)
 		if err != nil {
 			b.Fatal(err)
 		}
-		done()
+		p.Done()
 		if len(lat) < cap(lat) {
 			lat = append(lat, d)
 		}
@@ -817,11 +817,11 @@ func BenchmarkControllerIdle(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ran := c.Start(ctx)
-	done, err := c.Wait(ctx, 0) // one request, then idle
+	p, err := c.Wait(ctx, 0) // one request, then idle
 	if err != nil {
 		b.Fatal(err)
 	}
-	done()
+	p.Done()
 	time.Sleep(20 * time.Millisecond)
 	reads0, start := reads.Load(), time.Now()
 	with := window()
