@@ -238,9 +238,9 @@ func TestControllerShed(t *testing.T) {
 	_, err = c.Wait(ctx, 1)
 	require.ErrorIs(t, err, flowcontrol.ErrShed)
 	require.Equal(t, "flowcontrol: shed", err.Error())
-	done, err := c.Wait(ctx, 0)
+	p, err := c.Wait(ctx, 0)
 	require.NoError(t, err)
-	done()
+	p.Done()
 	_, err = c.Wait(ctx, 2)
 	require.ErrorIs(t, err, flowcontrol.ErrUnknownBand)
 	dead, kill := context.WithCancel(ctx)
@@ -304,7 +304,7 @@ func TestControllerShedStatsAddUp(t *testing.T) {
 				wctx = dead
 			}
 			calls++
-			done, err := c.Wait(wctx, band)
+			p, err := c.Wait(wctx, band)
 			switch {
 			case band < 0 || band >= bands:
 				require.ErrorIs(t, err, flowcontrol.ErrUnknownBand)
@@ -318,7 +318,7 @@ func TestControllerShedStatsAddUp(t *testing.T) {
 			default:
 				require.NoError(t, err, "band %d s %v", band, s)
 				want[band].Dispatched++
-				done()
+				p.Done()
 			}
 		}
 		st := c.Stats()
@@ -373,13 +373,13 @@ func ExampleNewProbabilistic() {
 
 	admitterSat.Set(0.5) // overloaded: every sheddable request is shed
 	for _, band := range []int{0, 1} {
-		done, err := c.Wait(ctx, band)
+		p, err := c.Wait(ctx, band)
 		if err != nil {
 			fmt.Printf("band %d: %v\n", band, err)
 			continue
 		}
 		fmt.Printf("band %d: dispatched\n", band)
-		done()
+		p.Done()
 	}
 	fmt.Println("shed:", c.Stats().Bands[1].Refused.Shed)
 	// Output:
@@ -438,11 +438,11 @@ func BenchmarkControllerWaitAdmitter(b *testing.B) {
 			runErr := c.Start(ctx)
 			b.ReportAllocs()
 			for b.Loop() {
-				done, err := c.Wait(ctx, 1)
+				p, err := c.Wait(ctx, 1)
 				if err != nil {
 					b.Fatal(err)
 				}
-				done()
+				p.Done()
 			}
 			cancel()
 			<-runErr

@@ -9,7 +9,7 @@ import (
 )
 
 // InFlightCounter is told when a request is released (Inc) and when its
-// holder calls done (Dec). saturation.InFlight satisfies it.
+// holder calls Permit.Done (Dec). saturation.InFlight satisfies it.
 type InFlightCounter interface {
 	Inc()
 	Dec()
@@ -20,8 +20,8 @@ type InFlightCounter interface {
 type ControllerConfig struct {
 	Config
 	// InFlight, if set, is incremented when a Wait is released and
-	// decremented when its done is called (once), next to the count that
-	// InFlight() reports. Nil means the Source, when it is an
+	// decremented when its Permit's Done is called (once), next to the
+	// count that InFlight() reports. Nil means the Source, when it is an
 	// InFlightCounter: a source that counts releases (saturation.Poller,
 	// saturation.InFlight) moves at once, before its next reading.
 	InFlight InFlightCounter
@@ -67,44 +67,73 @@ const (
 // ticket is one Wait's place in the queue. Tickets are pooled. Ownership:
 // the waiter owns a ticket until it is enqueued; then the dispatcher holds it
 // too. If the dispatcher wins the state CAS it signals ch and never touches
-// the ticket again: the waiter owns it and returns it to the pool (after
-// done, for a dispatched ticket, because done reads it). If the waiter wins
-// (cancelled) it forgets the ticket and the dispatcher returns it to the
-// pool when it pops it. So a ticket is never reused while the other side may
+// the ticket again: the waiter owns it and returns it to the pool (in
+// Permit.Done, for a dispatched ticket, because Done reads it). If the
+// waiter wins (cancelled) it forgets the ticket and the dispatcher returns
+// it to the pool when it pops it. So a ticket is never reused while the other side may
 // still touch it.
 type ticket struct {
 	state atomic.Uint32
 	ch    chan struct{} // 1-buffered; one send per dispatcher-side win
-	gen   atomic.Uint64 // the generation whose done has not fired yet; 0 = none
+	gen   atomic.Uint64 // the generation whose Done has not fired yet; 0 = none
 	uses  uint64        // owner-only: generations handed out
 	start time.Time     // enqueue time on the configured clock, when OnOutcome is set
 	c     *Controller
-	// owner-only: the flow and cost estimate of a WaitRequest, read by its
-	// done to report the real cost (nil for Wait).
+	// owner-only: the request, flow and cost estimate of a WaitRequest,
+	// read by Done to charge the real cost (nil for Wait). Reset by get.
+	req  *Request
 	flow *flow[*ticket]
 	cost float64
 }
 
-// done releases one in-flight slot if gen is still the ticket's pending
-// generation, so calling a done twice (or after the ticket was reused) has
-// no effect.
-func (t *ticket) done(gen uint64) {
-	if t.gen.CompareAndSwap(gen, 0) {
-		c := t.c
-		c.inflight.Add(-1)
-		if c.hook != nil {
-			c.hook.Dec()
-		}
-		c.pool.Put(t)
+// Permit is a request released by Controller.Wait or WaitRequest: it holds
+// one of the controller's in-flight slots until Done is called. It is a
+// small value, comparable, and its zero value holds nothing.
+type Permit struct {
+	t   *ticket
+	gen uint64 // the ticket's generation this permit releases
+}
+
+// Done releases the permit's in-flight slot: the in-flight count and the
+// ControllerConfig.InFlight counter go down by one and, for WaitRequest,
+// the flow is charged Request.Served − Request.Cost. Only the first Done of
+// a permit (or of any copy of it) does this; a later Done, and Done on the
+// zero Permit, does nothing. It is safe to call from any goroutine.
+func (p Permit) Done() {
+	if p.t != nil {
+		p.t.done(p.gen)
 	}
+}
+
+// done releases one in-flight slot if gen is still the ticket's pending
+// generation, so calling Done twice (or after the ticket was reused) has
+// no effect. Winning the compare-and-swap makes the caller the ticket's
+// only owner until it is back in the pool, so the fields it reads next
+// are still this generation's.
+func (t *ticket) done(gen uint64) {
+	if !t.gen.CompareAndSwap(gen, 0) {
+		return
+	}
+	if f := t.flow; f != nil {
+		if served := t.req.Served; served > 0 {
+			f.addCharge(served - t.cost)
+		}
+		f.pins.Add(-1) // after the charge: the flow may now be forgotten
+	}
+	c := t.c
+	c.inflight.Add(-1)
+	if c.hook != nil {
+		c.hook.Dec()
+	}
+	c.pool.Put(t)
 }
 
 // Controller is the blocking facade over a Dispatcher that a proxy handler
 // uses:
 //
-//	done, err := c.Wait(ctx, band)
+//	p, err := c.Wait(ctx, band)
 //	if err != nil { ... }
-//	defer done()
+//	defer p.Done()
 //
 // Start it with Run (or drive it with Step) and stop it with Close.
 type Controller struct {
@@ -122,9 +151,6 @@ type Controller struct {
 	refusedIdle      []atomic.Uint64
 	refusedShed      []atomic.Uint64
 }
-
-// noop is the done returned with an error: there is nothing to release.
-func noop() {}
 
 // NewController validates cfg and returns a controller. Errors wrap
 // ErrInvalidConfig and name the field.
@@ -195,11 +221,13 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 	t.ch <- struct{}{}
 }
 
-// Wait blocks until the request is released on band and returns a done func
-// to call when the request has finished (it decrements the in-flight count;
-// calling it again does nothing), or returns an error and a no-op done:
+// Wait blocks until the request is released on band, or fails. On success
+// it returns a Permit holding one in-flight slot and a nil error; the
+// caller must call the Permit's Done once the request has finished (a
+// Permit never released stays counted in InFlight and in
+// ControllerConfig.InFlight). On failure it returns the zero Permit, whose
+// Done does nothing, and one of
 //
-//	nil             released (dispatched)
 //	ErrCancelled    ctx ended first; the error also wraps ctx.Err()
 //	ErrExpired      waited longer than the band's MaxWait
 //	ErrQueueFull    the band already holds Capacity waiters
@@ -208,36 +236,20 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 //	ErrShed         ControllerConfig.Admitter refused the request
 //	ErrUnknownBand  band outside [0, Bands)
 //
-// Exactly one of these is returned per call. The first three may come after
-// the request waited in the queue (OnOutcome reports those, and dispatched
-// ones); the others, and ErrCancelled for a context already done, are
-// refusals at the door, counted in Stats. In steady state a released Wait
-// allocates once (the done func).
+// Exactly one outcome per call. The first three may come after the request
+// waited in the queue (OnOutcome reports those, and releases); the others,
+// and ErrCancelled for a context already done, are refusals at the door,
+// counted in Stats. A Wait on an open band with nothing queued, while Run
+// is ticking, is released at once on the caller's goroutine; no released
+// Wait allocates in steady state.
 //
 // A Wait cancelled while queued returns at once; its place (its slot of
 // Capacity) is freed at the dispatcher's next tick — at once under Run —
 // even if the band is gated, without spending the band's burst. Stats counts
 // it as cancelled, so Stats adds up to the errors Wait returned.
-func (c *Controller) Wait(ctx context.Context, band int) (done func(), err error) {
-	t, gen, err := c.acquire(ctx, band)
-	if err != nil {
-		return noop, err
-	}
-	// The one allocation of a released Wait: done must be a func() that
-	// fires once per release, so it carries the ticket and its
-	// generation (a closure per ticket reused across generations could
-	// not tell a second call from the next owner's).
-	return func() { t.done(gen) }, nil
-}
-
-// acquire is Wait without the done func: on release it returns the ticket
-// and the generation whose done releases it, and allocates nothing in
-// steady state. It is the whole of Wait's path, so that a handle returned
-// by value (see BenchmarkOpenPathHandle) measures exactly what Wait does
-// but the closure.
-func (c *Controller) acquire(ctx context.Context, band int) (*ticket, uint64, error) {
+func (c *Controller) Wait(ctx context.Context, band int) (Permit, error) {
 	if err := c.door(ctx, band); err != nil {
-		return nil, 0, err
+		return Permit{}, err
 	}
 	if c.d.direct(band) {
 		// Open band, nothing ahead, Run ticking: released at once,
@@ -249,48 +261,38 @@ func (c *Controller) acquire(ctx context.Context, band int) (*ticket, uint64, er
 		if c.onOutcome != nil {
 			c.onOutcome(band, nil, 0)
 		}
-		t := c.pool.Get().(*ticket)
-		return t, t.hold(), nil
+		return c.get().hold(), nil
 	}
-	t := c.pool.Get().(*ticket)
+	t := c.get()
 	t.state.Store(stateWaiting)
 	var start time.Time
 	if c.onOutcome != nil {
 		start = c.now()
 		t.start = start
 	}
-	t.flow = nil
 	if err := c.d.Enqueue(band, t); err != nil {
 		c.pool.Put(t)
-		return nil, 0, err
+		return Permit{}, err
 	}
 	if err := c.awaitTicket(ctx, band, t, start); err != nil {
-		return nil, 0, err
+		return Permit{}, err
 	}
-	return t, t.hold(), nil
+	return t.hold(), nil
 }
 
-// hold starts the ticket's next generation, the one its done releases.
-// Owner only.
-func (t *ticket) hold() uint64 {
+// get takes a ticket from the pool with no request attached.
+func (c *Controller) get() *ticket {
+	t := c.pool.Get().(*ticket)
+	t.req, t.flow = nil, nil
+	return t
+}
+
+// hold starts the ticket's next generation and returns the permit that
+// releases it. Owner only.
+func (t *ticket) hold() Permit {
 	t.uses++
 	t.gen.Store(t.uses)
-	return t.uses
-}
-
-// await is the blocking half of WaitRequest, once t is queued.
-func (c *Controller) await(ctx context.Context, band int, t *ticket, start time.Time, r *Request) (done func(), err error) {
-	if err := c.awaitTicket(ctx, band, t, start); err != nil {
-		return noop, err
-	}
-	gen := t.hold()
-	if r != nil {
-		// The flow and estimate are copied now: once done fires, the
-		// ticket may be reused.
-		f, est := t.flow, t.cost
-		return func() { t.doneServed(gen, r, f, est) }, nil
-	}
-	return func() { t.done(gen) }, nil
+	return Permit{t, t.uses}
 }
 
 // awaitTicket waits for a queued ticket's outcome: nil when it was
@@ -348,8 +350,8 @@ func (c *Controller) door(ctx context.Context, band int) error {
 	return nil
 }
 
-// InFlight returns the number of released Waits whose done has not been
-// called yet.
+// InFlight returns the number of released Waits whose Permit's Done has
+// not been called yet.
 func (c *Controller) InFlight() int64 { return c.inflight.Load() }
 
 // Bands returns a copy of the validated band configurations (names
@@ -385,8 +387,8 @@ func (c *Controller) Step() { c.d.Step() }
 func (c *Controller) Flush() { c.d.Flush() }
 
 // Close stops the controller: pending and future Waits return ErrClosed and
-// Run returns. Requests already released are unaffected (their done still
-// works). Idempotent.
+// Run returns. Requests already released are unaffected (their Permit's
+// Done still works). Idempotent.
 func (c *Controller) Close() { c.d.Close() }
 
 // Stats returns the dispatcher's snapshot with the controller's own

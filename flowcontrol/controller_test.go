@@ -37,15 +37,15 @@ func TestNewControllerValidation(t *testing.T) {
 
 // waitResult is what a Wait returned, delivered by its goroutine.
 type waitResult struct {
-	done func()
-	err  error
+	permit flowcontrol.Permit
+	err    error
 }
 
 func goWait(c *flowcontrol.Controller, ctx context.Context, band int) <-chan waitResult {
 	ch := make(chan waitResult, 1)
 	go func() {
-		done, err := c.Wait(ctx, band)
-		ch <- waitResult{done, err}
+		p, err := c.Wait(ctx, band)
+		ch <- waitResult{p, err}
 	}()
 	return ch
 }
@@ -82,8 +82,8 @@ func TestControllerOutcomes(t *testing.T) {
 	if res.err != nil || c.InFlight() != 1 || hook.inc.Load() != 1 {
 		t.Fatalf("critical: %v, in flight %d", res.err, c.InFlight())
 	}
-	res.done()
-	res.done() // idempotent
+	res.permit.Done()
+	res.permit.Done() // idempotent
 	if c.InFlight() != 0 || hook.dec.Load() != 1 {
 		t.Fatalf("after done twice: in flight %d, dec %d", c.InFlight(), hook.dec.Load())
 	}
@@ -135,7 +135,7 @@ func TestControllerOutcomes(t *testing.T) {
 	if _, err := c.Wait(context.Background(), 0); !errors.Is(err, flowcontrol.ErrClosed) {
 		t.Fatalf("after close: %v", err)
 	}
-	res.done()
+	res.permit.Done()
 	if c.InFlight() != 0 || hook.inc.Load() != hook.dec.Load() {
 		t.Fatalf("in flight %d, inc %d dec %d", c.InFlight(), hook.inc.Load(), hook.dec.Load())
 	}
@@ -172,18 +172,18 @@ func TestControllerStress(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					go cancel() // races with the dispatch
 				}
-				done, err := c.Wait(ctx, rng.IntN(3))
+				p, err := c.Wait(ctx, rng.IntN(3))
 				cancel()
 				switch {
 				case err == nil:
 					outcomes[0].Add(1)
-					done()
+					p.Done()
 					if rng.IntN(2) == 0 {
-						done()
+						p.Done()
 					}
 				case errors.Is(err, flowcontrol.ErrCancelled):
 					outcomes[1].Add(1)
-					done()
+					p.Done()
 				case errors.Is(err, flowcontrol.ErrExpired):
 					outcomes[2].Add(1)
 				case errors.Is(err, flowcontrol.ErrQueueFull):
@@ -285,11 +285,11 @@ func TestErrNotRunning(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := c.Start(ctx)
-	done, err := c.Wait(context.Background(), 1)
+	p, err := c.Wait(context.Background(), 1)
 	if err != nil {
 		t.Fatalf("Wait after Start: %v", err)
 	}
-	done()
+	p.Done()
 	cancel()
 	if err := <-ran; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v", err)
@@ -317,9 +317,9 @@ func TestErrNotRunning(t *testing.T) {
 	s := newTestController(t, cfg)
 	got := make(chan error, 1)
 	go func() {
-		done, err := s.Wait(context.Background(), 0)
+		p, err := s.Wait(context.Background(), 0)
 		if err == nil {
-			done()
+			p.Done()
 		}
 		got <- err
 	}()

@@ -69,9 +69,9 @@
 // simulators on virtual time) or Run (the real clock). Controller is the
 // blocking facade a proxy handler uses:
 //
-//	done, err := c.Wait(ctx, band) // sleeps until the band releases it
-//	if err != nil { ... }          // refused, expired, cancelled, closed
-//	defer done()                   // the request has finished
+//	p, err := c.Wait(ctx, band) // sleeps until the band releases it
+//	if err != nil { ... }       // refused, expired, cancelled, closed
+//	defer p.Done()              // the request has finished
 //
 // A Wait whose context ends while queued returns at once and gives its place
 // back at the next tick, even in a blocked band; the Controller resolves the
@@ -86,9 +86,9 @@
 // Controller.WaitRequest:
 //
 //	r := &flowcontrol.Request{Flow: tenant, Cost: promptTokens + maxTokens}
-//	done, err := c.WaitRequest(ctx, band, r)
-//	if err != nil { ... }          // also ErrFlowFull: the tenant's FlowCapacity
-//	defer done()                   // charges r.Served − r.Cost to the tenant
+//	p, err := c.WaitRequest(ctx, band, r)
+//	if err != nil { ... }       // also ErrFlowFull: the tenant's FlowCapacity
+//	defer p.Done()              // charges r.Served − r.Cost to the tenant
 //	...
 //	r.Served = tokensServed
 //
@@ -96,7 +96,7 @@
 // start-time fair queuing on cost: the flow whose head has the least virtual
 // start tag goes next, a flow that becomes active starts at the current
 // virtual time (no credit for having been idle, no debt for its history
-// beyond its last item), and the real cost reported at done corrects the
+// beyond its last item), and the real cost reported at Done corrects the
 // flow's finish tag. FlowCapacity bounds what one flow may hold, so a noisy
 // tenant is refused before it fills the band; Ordering "edf" releases a
 // flow's items earliest deadline first. Ingress is still the band's
@@ -110,6 +110,6 @@
 // Flush, Run) are serialised; Dispatch, OnDrop and OnOutcome run on the
 // ticking goroutine and must not call Step, Flush or Close. Stats may be
 // read at any time; its counters are exact whenever nothing is in progress.
-// The hot path allocates nothing in steady state (a released Wait
-// allocates its done func).
+// The hot path allocates nothing in steady state, a released Wait
+// included: its Permit is a value.
 package flowcontrol

@@ -77,11 +77,11 @@ func ExampleController() {
 	ran := c.Start(ctx) // running before it returns: no Wait sees ErrNotRunning
 
 	handle := func(band int) error {
-		done, err := c.Wait(ctx, band) // sleeps until released
+		p, err := c.Wait(ctx, band) // sleeps until released
 		if err != nil {
 			return err // ErrCancelled, ErrExpired, ErrQueueFull, ErrClosed, ErrNotRunning, ErrUnknownBand
 		}
-		defer done()
+		defer p.Done()
 		// ... forward the request to a model server ...
 		fmt.Println("band", band, "released; in flight:", c.InFlight())
 		return nil

@@ -91,8 +91,8 @@ type flow[T any] struct {
 	heap   []qentry[T]   // the queue, edf ordering: a min-heap on (due, seq)
 	charge atomic.Uint64 // float64 bits: real minus estimated cost reported, not yet applied
 	// pins counts the Controller requests of the flow queued or in
-	// flight (WaitRequest until its done): a pinned flow is not
-	// forgotten, so the correction a long request reports at its done
+	// flight (WaitRequest until its Permit's Done): a pinned flow is not
+	// forgotten, so the correction a long request reports at its Done
 	// lands on the flow that will pay it.
 	pins atomic.Int64
 	// charged says f is on its band's list of charged flows; nextCharged

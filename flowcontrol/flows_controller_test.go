@@ -93,14 +93,14 @@ func TestWaitRequestStress(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					go cancel()
 				}
-				done, err := c.WaitRequest(wctx, band, r)
+				p, err := c.WaitRequest(wctx, band, r)
 				cancel()
 				switch {
 				case err == nil:
 					ok[band].Add(1)
 					r.Served = float64(rng.IntN(200))
-					done()
-					done() // a second call does nothing
+					p.Done()
+					p.Done() // a second call does nothing
 				case errors.Is(err, flowcontrol.ErrCancelled):
 					cancelled[band].Add(1)
 				case errors.Is(err, flowcontrol.ErrExpired):
@@ -158,16 +158,14 @@ func TestWaitOnFlowBands(t *testing.T) {
 		t.Helper()
 		ch := make(chan error, 1)
 		go func() {
-			var done func()
+			var p flowcontrol.Permit
 			var err error
 			if r == nil {
-				done, err = c.Wait(context.Background(), band)
+				p, err = c.Wait(context.Background(), band)
 			} else {
-				done, err = c.WaitRequest(context.Background(), band, r)
+				p, err = c.WaitRequest(context.Background(), band, r)
 			}
-			if err == nil {
-				done()
-			}
+			p.Done() // the zero Permit on an error: does nothing
 			ch <- err
 		}()
 		for {

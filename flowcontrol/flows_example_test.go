@@ -52,11 +52,11 @@ func ExampleController_WaitRequest() {
 
 	handle := func(tenant string, promptTokens, maxTokens int) error {
 		r := &flowcontrol.Request{Flow: tenant, Cost: float64(promptTokens + maxTokens)}
-		done, err := c.WaitRequest(ctx, 1, r)
+		p, err := c.WaitRequest(ctx, 1, r)
 		if err != nil {
 			return err // ErrFlowFull (a 429) when the tenant holds 32
 		}
-		defer done()
+		defer p.Done()
 		served := promptTokens + maxTokens/2 // ... proxy the request ...
 		r.Served = float64(served)
 		return nil

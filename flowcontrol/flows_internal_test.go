@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// TestDoneServedCharges: WaitRequest's done charges the request's flow
-// Served − Cost, once (a second done does nothing), and nothing when Served
-// is left 0.
+// TestDoneServedCharges: the Done of WaitRequest's Permit charges the
+// request's flow Served − Cost, once (a second Done does nothing), and
+// nothing when Served is left 0.
 func TestDoneServedCharges(t *testing.T) {
 	c, err := NewController(ControllerConfig{Config: Config{
 		Bands:  []BandConfig{{Capacity: 4, Fairness: FairnessShare}},
@@ -20,20 +20,20 @@ func TestDoneServedCharges(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	get := func(r *Request) func() {
-		ch := make(chan func(), 1)
+	get := func(r *Request) Permit {
+		ch := make(chan Permit, 1)
 		go func() {
-			done, err := c.WaitRequest(context.Background(), 0, r)
+			p, err := c.WaitRequest(context.Background(), 0, r)
 			if err != nil {
 				t.Error(err)
 			}
-			ch <- done
+			ch <- p
 		}()
 		for {
 			c.Step()
 			select {
-			case done := <-ch:
-				return done
+			case p := <-ch:
+				return p
 			default:
 			}
 		}
@@ -42,17 +42,17 @@ func TestDoneServedCharges(t *testing.T) {
 		return math.Float64frombits(c.d.bands[0].flows.find("a").charge.Load())
 	}
 	r := &Request{Flow: "a", Cost: 10}
-	done := get(r)
+	p := get(r)
 	r.Served = 25
-	done()
-	done()
+	p.Done()
+	p.Done()
 	if got := charge(); got != 15 {
 		t.Fatalf("charge %v after Served 25 on Cost 10, want 15", got)
 	}
 	// The next request of the flow starts after the corrected finish
 	// (10 + 15) and, with Served left 0, finishes at its estimate.
 	r2 := &Request{Flow: "a", Cost: 10}
-	get(r2)()
+	get(r2).Done()
 	if f := c.d.bands[0].flows.find("a"); charge() != 0 || f.finish != 35 {
 		t.Fatalf("charge %v, finish %v: want 0 and 35", charge(), f.finish)
 	}
@@ -64,7 +64,7 @@ func (s satConst) Saturation() float64 { return float64(s) }
 
 // TestPinnedWhileInFlight: a flow whose WaitRequest is released and still in
 // flight is not forgotten however long past FlowIdle, so the correction its
-// done reports lands on it (its finish tag moves); once its done ran, a
+// Done reports lands on it (its finish tag moves); once its Done ran, a
 // correction applied and its busy period over, it is forgotten.
 func TestPinnedWhileInFlight(t *testing.T) {
 	var clock atomic.Int64
@@ -78,19 +78,19 @@ func TestPinnedWhileInFlight(t *testing.T) {
 	}
 	defer c.Close()
 	r := &Request{Flow: "long", Cost: 10}
-	ch := make(chan func(), 1)
+	ch := make(chan Permit, 1)
 	go func() {
-		done, err := c.WaitRequest(context.Background(), 0, r)
+		p, err := c.WaitRequest(context.Background(), 0, r)
 		if err != nil {
 			t.Error(err)
 		}
-		ch <- done
+		ch <- p
 	}()
-	var done func()
-	for done == nil {
+	var p Permit
+	for p == (Permit{}) {
 		c.Step()
 		select {
-		case done = <-ch:
+		case p = <-ch:
 		default:
 		}
 	}
@@ -103,7 +103,7 @@ func TestPinnedWhileInFlight(t *testing.T) {
 		t.Fatal("a flow with a request in flight was forgotten")
 	}
 	r.Served = 30
-	done()
+	p.Done()
 	c.Step() // applies the correction: finish 10 → max(V 10, 10) + 20
 	if f := c.d.bands[0].flows.find("long"); f.finish != 30 {
 		t.Fatalf("finish %v after the correction, want 30", f.finish)

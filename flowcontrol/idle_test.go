@@ -255,11 +255,11 @@ func TestRunStaysAwakeUnderDirectTraffic(t *testing.T) {
 			if !c.d.awake.Load() {
 				t.Fatalf("request %d at %v: Run is asleep under traffic (the request would be queued)", i, time.Duration(i)*300*time.Microsecond)
 			}
-			done, err := c.Wait(ctx, 0)
+			p, err := c.Wait(ctx, 0)
 			if err != nil {
 				t.Fatalf("request %d: %v", i, err)
 			}
-			done()
+			p.Done()
 			time.Sleep(300 * time.Microsecond)
 			synctest.Wait()
 		}

@@ -7,12 +7,11 @@ import (
 
 // Request describes a Wait's flow for Controller.WaitRequest.
 //
-// Why a struct passed by pointer, with Served filled in by the handler: the
-// real cost of an LLM request (tokens served) is known only when it ends,
-// and done must stay a func() so that "defer done()" keeps working. The
-// handler sets r.Served as it learns it, and done — deferred or not — reads
-// it once and reports the difference from Cost to the flow (see
-// Dispatcher.Charge). No second call, no changed signature.
+// It is passed by pointer, with Served filled in by the handler, because
+// the real cost of an LLM request (tokens served) is known only when it
+// ends: the handler sets r.Served as it learns it, and the Permit's Done —
+// deferred or not — reads it once and charges the difference from Cost to
+// the flow (see Dispatcher.Charge).
 type Request struct {
 	// Flow is the flow (tenant, e.g. the fairness id) the request
 	// belongs to; "" means DefaultFlow. Flows are per band: the same id
@@ -27,12 +26,11 @@ type Request struct {
 	// requests and, if earlier than the band's MaxWait deadline, expires
 	// the request with ErrExpired; elsewhere it is ignored. Zero = none.
 	Deadline time.Time
-	// Served is set by the handler, before calling done, to the real
-	// cost (same unit as Cost); done charges Served − Cost to the flow
-	// (see Dispatcher.Charge), which stays remembered until then however
-	// long the request runs. 0 leaves the estimate standing. done reads
-	// it once, on the handler's side: it must not be written
-	// concurrently with done.
+	// Served is set by the handler, before calling Permit.Done, to the
+	// real cost (same unit as Cost); Done charges Served − Cost to the
+	// flow (see Dispatcher.Charge), which stays remembered until then
+	// however long the request runs. 0 leaves the estimate standing.
+	// Done reads it once: it must not be written concurrently with Done.
 	Served float64
 }
 
@@ -43,16 +41,17 @@ type Request struct {
 // ErrQueueFull) when r.Flow already holds the band's FlowCapacity. On a
 // band with fairness it always queues (no direct release: the band's turns
 // and virtual times are the dispatcher's to keep), which Run then serves at
-// once if the band is open. In steady state it allocates as Wait does (the
-// done func) for a known flow.
-func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (done func(), err error) {
+// once if the band is open. The Permit's Done charges the flow
+// r.Served − r.Cost (see Request.Served), so r must stay valid until Done.
+// In steady state it allocates nothing for a known flow.
+func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (Permit, error) {
 	if r == nil || uint(band) >= uint(c.d.Bands()) || c.d.bands[band].flows == nil {
 		return c.Wait(ctx, band)
 	}
 	if err := c.door(ctx, band); err != nil {
-		return noop, err
+		return Permit{}, err
 	}
-	t := c.pool.Get().(*ticket)
+	t := c.get()
 	t.state.Store(stateWaiting)
 	var start time.Time
 	if c.onOutcome != nil {
@@ -62,37 +61,22 @@ func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (don
 	f, err := c.d.enqueueFlow(&c.d.bands[band], r.Flow, r.Cost, r.Deadline, t, true)
 	if err != nil {
 		c.pool.Put(t)
-		return noop, err
+		return Permit{}, err
 	}
-	// The flow and the estimate are the waiter's: the dispatcher never
-	// reads them, so setting them after the enqueue races with nothing.
-	t.flow, t.cost = f, costOf(r.Cost)
-	done, err = c.await(ctx, band, t, start, r)
-	if err != nil {
+	// The request, flow and estimate are the waiter's: the dispatcher
+	// never reads them, so setting them after the enqueue races with
+	// nothing.
+	t.req, t.flow, t.cost = r, f, costOf(r.Cost)
+	if err := c.awaitTicket(ctx, band, t, start); err != nil {
 		f.pins.Add(-1) // not released: nothing to charge
+		return Permit{}, err
 	}
-	return done, err
-}
-
-// doneServed is done for a WaitRequest: it charges the flow the difference
-// between the cost served and the estimate before releasing the slot.
-func (t *ticket) doneServed(gen uint64, r *Request, f *flow[*ticket], est float64) {
-	if t.gen.CompareAndSwap(gen, 0) {
-		if r.Served > 0 {
-			f.addCharge(r.Served - est)
-		}
-		f.pins.Add(-1) // after the charge: the flow may now be forgotten
-		c := t.c
-		c.inflight.Add(-1)
-		if c.hook != nil {
-			c.hook.Dec()
-		}
-		c.pool.Put(t)
-	}
+	return t.hold(), nil
 }
 
 // Charge corrects the cost of a released request of flow on band by delta;
-// see Dispatcher.Charge. WaitRequest's done does it from Request.Served.
+// see Dispatcher.Charge. WaitRequest's Permit.Done does it from
+// Request.Served.
 func (c *Controller) Charge(band int, flow string, delta float64) { c.d.Charge(band, flow, delta) }
 
 // Flows returns a snapshot of band's flows; see Dispatcher.Flows.

@@ -139,8 +139,8 @@ const soakBands = 4
 //     and expired, cancelled and closed for the requests that entered the
 //     queue (probeCtx tells which did); requests = entered + rejected +
 //     unknown band + ended before entering; nothing is left queued;
-//   - done is counted once: each released request calls done once or
-//     twice, and a stale done from the previous request is called again
+//   - Done is counted once: each released request calls Done once or
+//     twice, and a stale Done from the previous request is called again
 //     after the ticket may have been reused; the InFlight hook saw as many
 //     Dec as Inc, as many as releases, and the in-flight count is 0;
 //   - the policy only ever saw sanitised saturations, and band 0 was never
@@ -263,7 +263,7 @@ func TestSoakController(t *testing.T) {
 		go func(g int) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 42))
-			var stale func() // the previous request's done, called again later
+			var stale flowcontrol.Permit // the previous request's, released again later
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(n) {
@@ -302,7 +302,7 @@ func TestSoakController(t *testing.T) {
 					cancel = cc
 				}
 				probe := &probeCtx{Context: ctx}
-				done, err := c.Wait(probe, band)
+				p, err := c.Wait(probe, band)
 				cancel()
 				entered := probe.looked.Load()
 				b := min(max(band, 0), soakBands-1)
@@ -313,14 +313,14 @@ func TestSoakController(t *testing.T) {
 					if c.InFlight() < 1 {
 						t.Errorf("request %d released but in-flight count %d", i, c.InFlight())
 					}
-					if stale != nil && rng.IntN(2) == 0 {
-						stale() // already called: must not release this one's slot
+					if rng.IntN(2) == 0 {
+						stale.Done() // already released: must not release this one's slot
 					}
-					done()
+					p.Done()
 					if rng.IntN(4) == 0 {
-						done()
+						p.Done()
 					}
-					stale = done
+					stale = p
 				case errors.Is(err, flowcontrol.ErrUnknownBand):
 					counts.unknown.Add(1)
 					record(i, 2)
@@ -362,7 +362,7 @@ func TestSoakController(t *testing.T) {
 					t.Errorf("request %d: unexpected error %v", i, err)
 				}
 				if err != nil {
-					done() // the no-op done of an error
+					p.Done() // the zero Permit of an error: does nothing
 				}
 			}
 		}(g)

@@ -62,7 +62,7 @@ func main() {
 				go func() {
 					defer wg.Done()
 					for {
-						done, err := c.Wait(wctx, band)
+						p, err := c.Wait(wctx, band)
 						if err != nil {
 							if !errors.Is(err, flowcontrol.ErrCancelled) {
 								fmt.Println("wait:", err)
@@ -70,7 +70,7 @@ func main() {
 							return
 						}
 						released[band].Add(1)
-						done() // the "request" finishes at once
+						p.Done() // the "request" finishes at once
 					}
 				}()
 			}

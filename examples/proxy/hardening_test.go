@@ -59,8 +59,8 @@ func gatedNow(t *testing.T, p *gateway.Proxy) {
 		if p.Poller().Saturation() < 1 {
 			return false
 		}
-		if done, err := p.Controller().Wait(context.Background(), 0); err == nil {
-			done()
+		if permit, err := p.Controller().Wait(context.Background(), 0); err == nil {
+			permit.Done()
 		}
 		return p.Controller().Stats().Saturation >= 1
 	})

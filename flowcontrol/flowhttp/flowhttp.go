@@ -217,7 +217,7 @@ type Options struct {
 	// none.
 	BodyIdleTimeout time.Duration
 	// OnFinish, if set, is called once per gated request when flowhttp is
-	// done with it (after done, for a forwarded one), from the request's
+	// done with it (after its Permit.Done, for a forwarded one), from the request's
 	// goroutine.
 	OnFinish func(r *http.Request, res Result)
 }
@@ -482,13 +482,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		reserved = n
 	}
-	var done func()
+	var permit flowcontrol.Permit
 	if h.bands[band].flows {
 		flow, deadline := flowOf(r, start)
 		res.Flow = flow
-		done, err = h.c.WaitRequest(r.Context(), band, &flowcontrol.Request{Flow: flow, Cost: float64(len(body)), Deadline: deadline})
+		permit, err = h.c.WaitRequest(r.Context(), band, &flowcontrol.Request{Flow: flow, Cost: float64(len(body)), Deadline: deadline})
 	} else {
-		done, err = h.c.Wait(r.Context(), band)
+		permit, err = h.c.Wait(r.Context(), band)
 	}
 	if reserved > 0 {
 		h.used[band].Add(-reserved)
@@ -519,7 +519,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if rec.forwarded {
 			h.forwarded.Add(-1)
 		}
-		done()
+		permit.Done()
 		v := recover()
 		res.Status = rec.code
 		if rec.reason != "" {

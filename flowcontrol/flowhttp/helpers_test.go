@@ -159,8 +159,8 @@ func (e *env) saturate(t testing.TB, v float64) {
 	waitFor(t, "a tick to read the saturation", func() bool {
 		// An idle dispatcher sleeps; a pass through band 0 (never
 		// gated) wakes it, and its next tick reads the source.
-		if done, err := e.ctrl.Wait(context.Background(), 0); err == nil {
-			done()
+		if p, err := e.ctrl.Wait(context.Background(), 0); err == nil {
+			p.Done()
 		}
 		return e.ctrl.Stats().Saturation == v
 	})

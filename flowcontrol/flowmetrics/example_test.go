@@ -37,11 +37,11 @@ func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c.Start(ctx)
-	done, err := c.Wait(ctx, 0)
+	p, err := c.Wait(ctx, 0)
 	if err != nil {
 		panic(err)
 	}
-	done()
+	p.Done()
 
 	fams, _ := reg.Gather()
 	for _, f := range fams {

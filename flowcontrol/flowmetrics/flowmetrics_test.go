@@ -128,10 +128,10 @@ func TestScrapeMatchesStats(t *testing.T) {
 
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
-	dones := make([]func(), 4)
+	permits := make([]flowcontrol.Permit, 4)
 	wait := func(i int, ctx context.Context, band int) {
 		defer wg.Done()
-		dones[i], errs[i] = c.Wait(ctx, band)
+		permits[i], errs[i] = c.Wait(ctx, band)
 	}
 
 	// Cancelled: a waiter gives up while band 1 is blocked; the next tick
@@ -179,7 +179,7 @@ func TestScrapeMatchesStats(t *testing.T) {
 	require.ErrorIs(t, errs[1], flowcontrol.ErrExpired)
 	require.ErrorIs(t, errs[2], flowcontrol.ErrExpired)
 	require.NoError(t, errs[3])
-	dones[3]()
+	permits[3].Done()
 
 	st := c.Stats()
 	require.Equal(t, uint64(1), st.Bands[0].Dispatched)
