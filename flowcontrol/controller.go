@@ -30,7 +30,7 @@ type ControllerConfig struct {
 	// ErrCancelled, ErrExpired, ErrClosed) and the time waited on the
 	// configured clock, before that Wait returns. It runs on the
 	// dispatcher's goroutine (or, for a cancellation, the waiter's), so it
-	// must be quick and must not block; it must not call Step, Poll or
+	// must be quick and must not block; it must not call Step, Flush or
 	// Close. Waits refused before the queue (ErrShed included) are not
 	// reported here: they are counted in Stats (BandStats.Rejected,
 	// BandStats.Refused, Stats.UnknownBand). flowmetrics.Collector.OnOutcome fits here.

@@ -59,10 +59,11 @@ type band[T any] struct {
 	since  int     // ticks since the band last dispatched, saturating at MaxEvery
 	budget int     // items the band may still release until the next tick
 	gate   int     // the effective Every at the last tick (-1, closed, before the first)
-	// guarded is set while the band's gate is not open and cleared when the
-	// band is open and empty: an open band that is still guarded is draining
-	// a backlog built while it was gated, and releases Burst per tick,
-	// re-reading its gate after each release, instead of everything at once.
+	// guarded is set at a tick that finds the band gated or blocked with
+	// items queued, and cleared by a run that leaves it empty: an open band
+	// that is still guarded is draining a backlog built while it was gated,
+	// and releases Burst per tick, re-reading its gate after each release,
+	// instead of everything at once.
 	guarded bool
 
 	// counters: written under mu with Store (single writer), read by Stats
@@ -103,9 +104,10 @@ type band[T any] struct {
 //     the saturation moves. Every 0 blocks the band.
 //   - Open bands release on arrival. A band whose gate is open (Every 1)
 //     and that holds no backlog has no budget: what arrives goes at once.
-//   - Reopening is paced. A band that was gated or blocked and opens with
-//     items still queued releases Burst per tick, re-reading its gate after
-//     each release, until it is empty; then it releases on arrival again.
+//   - Reopening is paced. A band that was gated or blocked with items
+//     queued and opens before they are gone releases Burst per tick,
+//     re-reading its gate after each release, until it is empty; then it
+//     releases on arrival again.
 //     Why: a scraped saturation lags the pool, so a backlog released in one
 //     tick floods the servers before any reading shows it; paced, each tick
 //     reads the saturation again (and a source that counts releases at
@@ -305,14 +307,14 @@ func (d *Dispatcher[T]) wake() {
 // asks the policy for every band's gate, advances each band's tick count,
 // expires items whose deadline has passed (in gated bands too), and releases
 // what each band may send (see Dispatcher). Step after Close does nothing.
-func (d *Dispatcher[T]) Step() { d.run(true) }
+func (d *Dispatcher[T]) Step() { d.run(true, true) }
 
 // Flush releases what bands may still send in the current tick (everything
 // queued on an open band, the burst a gated band has left), without
 // advancing the tick: no new saturation reading, no tick counted. Run calls
 // it when an item is enqueued, so an item on an open band does not wait for
 // the next tick; simulators call it to model that wake-up.
-func (d *Dispatcher[T]) Flush() { d.run(false) }
+func (d *Dispatcher[T]) Flush() { d.run(false, false) }
 
 // gateOf is the policy's gate for band i at the sanitised saturation s, made
 // safe: Every clamped to [0, MaxEvery] (a user policy may return anything)
@@ -326,8 +328,12 @@ func (d *Dispatcher[T]) gateOf(i int, s float64) Gate {
 	return g
 }
 
-// run is the single tick code path shared by Step, Flush and Run.
-func (d *Dispatcher[T]) run(advance bool) {
+// run is the single tick code path shared by Step, Flush and Run. arm says
+// whether the tick may arm the reopening guard of a gated band holding
+// items: false for the tick a sleeping Run runs when it wakes, which stands
+// for the grid tick before the arrival that woke it, when every band was
+// empty.
+func (d *Dispatcher[T]) run(advance, arm bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed.Load() {
@@ -345,9 +351,14 @@ func (d *Dispatcher[T]) run(advance bool) {
 			b := &d.bands[i]
 			g := d.gateOf(i, s)
 			if g.Every != 1 {
-				// Gated or blocked: a backlog that builds from here
-				// is drained at Burst per tick when the band opens.
-				b.guarded = true
+				// Gated or blocked with items queued: the backlog is
+				// drained at Burst per tick when the band opens. (An
+				// empty gated band arms nothing, so a sleeping Run,
+				// which never ticks empty bands, agrees with a
+				// ticking one.)
+				if arm && b.queued.Load() > 0 {
+					b.guarded = true
+				}
 				if b.gate == 1 {
 					b.budget = 0 // the open band's release is not carried over
 				}
@@ -371,9 +382,6 @@ func (d *Dispatcher[T]) run(advance bool) {
 		if advance {
 			b.since = min(b.since+1, MaxEvery)
 		}
-		if b.guarded && b.gate == 1 && b.queued.Load() == 0 {
-			b.guarded = false // open and caught up: back to release on arrival
-		}
 		switch {
 		case b.gate == 1 && !b.guarded:
 			// Open bands are work-conserving: no per-tick budget.
@@ -395,13 +403,16 @@ func (d *Dispatcher[T]) run(advance bool) {
 			if b.budget > 0 {
 				d.releaseFlows(i, b, now)
 			}
-			continue
+		} else {
+			if b.abandoned.Load() > 0 {
+				d.reap(i, b)
+			}
+			if b.budget > 0 {
+				d.release(i, b, now)
+			}
 		}
-		if b.abandoned.Load() > 0 {
-			d.reap(i, b)
-		}
-		if b.budget > 0 {
-			d.release(i, b, now)
+		if b.guarded && b.queued.Load() == 0 {
+			b.guarded = false // caught up: an open band releases on arrival again
 		}
 	}
 }
@@ -758,7 +769,7 @@ func (s *schedule[T]) nudge() (time.Duration, bool) {
 	if k := (now - s.last) / tick; k > 0 {
 		d.credit(k - 1)
 		s.last += k * tick
-		d.Step()
+		d.run(true, false) // the grid tick, before the arrival: arms nothing
 	} else {
 		d.Flush()
 	}

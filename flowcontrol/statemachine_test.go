@@ -79,7 +79,7 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 				m.since[b]++
 			}
 			m.open[b] = every == 1
-			if !m.open[b] {
+			if !m.open[b] && m.bands[b].Size() > 0 {
 				m.guarded[b] = true
 			}
 			m.budget[b] = 0
@@ -98,9 +98,6 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 		}
 	}
 	for b := 0; b < n; b++ {
-		if m.guarded[b] && m.open[b] && m.bands[b].Size() == 0 {
-			m.guarded[b] = false // open and caught up
-		}
 		if m.pending[b] {
 			// Reap: every dead item leaves the band at once, in order.
 			m.pending[b] = false
@@ -134,6 +131,9 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 				m.since[b] = 0
 				m.end(b, it, nil, &ev)
 			}
+		}
+		if m.bands[b].Size() == 0 {
+			m.guarded[b] = false // caught up
 		}
 	}
 	return ev
