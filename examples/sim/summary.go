@@ -160,7 +160,8 @@ func writeSummary(w io.Writer, o options, rs []cluster.Result) error {
 	} else {
 		para("%d requests were rejected or shed over all runs.", refused)
 	}
-	para("More: -full runs every published point, flowgate's static policy and rows with backend priority; " +
+	para("More: -full runs every published point, flowgate's static policy and rows where the replicas " +
+		"schedule by priority (vLLM --scheduling-policy priority); " +
 		"-format json writes every run; -h lists every knob; examples/sim/README.md explains the model and the results.")
 	b.WriteString("\n")
 
@@ -181,7 +182,7 @@ func writeSummary(w io.Writer, o options, rs []cluster.Result) error {
 			switch {
 			case p == cluster.Floor && aboveFloor(pt):
 				cell += "†"
-			case p == cluster.SoftReflective && o.seeds > 1 && st.lo != st.hi:
+			case p == cluster.SoftReflective && fmtMs(st.lo) != fmtMs(st.hi):
 				cell += " [" + fmtRange(st.lo, st.hi) + "]"
 			}
 			row = append(row, cell)
@@ -198,7 +199,7 @@ func writeSummary(w io.Writer, o options, rs []cluster.Result) error {
 
 	// The legend: every column.
 	b.WriteString("\n")
-	item("%s … %s: critical TTFT p99, %s; a client that got no first token within %s counts at %s.",
+	item("%s to %s: critical TTFT p99, %s; a client that got no first token within %s counts at %s.",
 		displayName(pols[0]), displayName(pols[len(pols)-1]), seeds, fmtDuration(o.timeout), fmtDuration(o.timeout))
 	if has(cluster.Floor) {
 		item("floor: no sheddable traffic, so no gate can do better; † it needs less throughput than the load: " +
@@ -221,8 +222,8 @@ func writeSummary(w io.Writer, o options, rs []cluster.Result) error {
 		item("+bp: the replicas schedule by priority (vLLM --scheduling-policy priority).")
 	}
 	if compare {
-		item("sheddable p99: the price in latency, sheddable TTFT p99 with none → with flowgate. " +
-			"throughput: the price in work, flowgate's completed requests per second (both classes) against none's.")
+		item("sheddable p99: the price in latency, sheddable TTFT p99 with none → with flowgate.")
+		item("throughput: the price in work, flowgate's completed requests per second (both classes) against none's.")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
