@@ -76,7 +76,7 @@ type options struct {
 // flowhttp.Gateway ships it: with it (and no -queue-threshold) flowgate's gateways
 // score a pod's queue against flowhttp.CreditQueueDepthThreshold, the Gateway's
 // wiring (TestGatewayWiringDefault keeps the two equal; the sweep that chose it is in
-// README.md next to this file).
+// NOTES-2026.md next to this file).
 const DefaultCredit = true
 
 // DefaultSharedInFlight is -shared-inflight's default: several gateways share their
@@ -120,8 +120,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.bAlone, "tenant-b-alone", false, "with -tenants: drop tenant A's arrivals (tenant B alone)")
 	// Several gateways model proxy replicas as deployed: sharing their in-flight view at
 	// saturation/redisshare's DefaultPeriod (TestSharedInFlightDefault keeps the two equal).
-	// Without it each gateway's gate sees only its own dispatches (examples/sim/README.md,
-	// Several gateways: codegen@16 ×1.5–2.9 of one gateway at G = 2..8, against ×1.06–1.17).
+	// Without it each gateway's gate sees only its own dispatches (README.md next to this
+	// file, Several gateways: codegen@16 1.9–5.0 s at G = 2..8 against 534 ms with one
+	// gateway, and ×1.08–1.17 of one gateway with it).
 	// With one gateway there is no one to share with and the flag changes nothing.
 	shared := fs.String("shared-inflight", DefaultSharedInFlight, "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms (the default: saturation/redisshare's period)")
 	fs.StringVar(&o.critRouting, "critical-routing", DefaultCriticalRouting, "how a flowgate gateway (static, soft-reflective, priority-holdback, static-block-critical; none, the floor and llm-d parity always route by -routing) picks the replica for a critical request: same (as -routing), kv (by -routing among the replicas with -critical-kv-headroom of their KV cache free at the last scrape: flowhttp.Router.LeastLoadedFor(0)) or kv-bp (kv in the rows with backend priority, same in the others: the Gateway's default, on when it forwards priority)")
@@ -323,7 +324,7 @@ func pointsString(ps []sweepPoint) string {
 const BPSuffix = "+bp"
 
 // DefaultProjection and DefaultAggregate are the simulator's flowgate saturation
-// wiring, chosen by the signal sweep (README.md next to this file).
+// wiring, chosen by the signal sweep (NOTES-2026.md next to this file).
 const (
 	DefaultProjection = saturation.ProjectNone
 	DefaultAggregate  = "mean"
@@ -333,8 +334,8 @@ const (
 )
 
 // DefaultCriticalRouting is -critical-routing's default: with backend priority a
-// critical request is routed among the replicas with KV-cache headroom (README.md next to
-// this file, "Backend priority at reasoning@0.7").
+// critical request is routed among the replicas with KV-cache headroom (NOTES-2026.md
+// next to this file, "Backend priority at reasoning@0.7").
 const DefaultCriticalRouting = cluster.CriticalRoutingKVWithPriority
 
 // defaultPolicies are the policies of the default run (the floor is added by -floor):
