@@ -22,8 +22,10 @@ import (
 // options are the parsed command line.
 type options struct {
 	workloads   []workload.Workload
-	qps         []float64 // nil = each workload's published points
-	policies    []string  // without the floor
+	qps         []float64    // nil = each workload's published points
+	points      []sweepPoint // the default run's points; nil = workloads × qps
+	full        bool         // -full: the whole grid and every figure
+	policies    []string     // without the floor
 	floor       bool
 	duration    time.Duration
 	seed        uint64 // the first seed
@@ -74,7 +76,7 @@ type options struct {
 // flowhttp.Gateway ships it: with it (and no -queue-threshold) flowgate's gateways
 // score a pod's queue against flowhttp.CreditQueueDepthThreshold, the Gateway's
 // wiring (TestGatewayWiringDefault keeps the two equal; the sweep that chose it is in
-// README.md next to this file).
+// NOTES-2026.md next to this file).
 const DefaultCredit = true
 
 // DefaultSharedInFlight is -shared-inflight's default: several gateways share their
@@ -86,10 +88,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	wl := fs.String("workload", "all", "workload: codegen, chat, reasoning or all")
+	fs.BoolVar(&o.full, "full", false, "the whole grid: every published point of every workload, flowgate's static too, the backend-priority rows, and every figure as Markdown tables (-format table); flags given explicitly still apply")
+	wl := fs.String("workload", "all", "workload: codegen, chat, reasoning or all (default: the points "+pointsString(defaultPoints)+"; with -workload or -qps, each workload's published points)")
 	qps := fs.String("qps", "", "comma-separated request rates (default: the published points of each workload)")
 	pol := fs.String("policy", strings.Join(defaultPolicies, ","),
-		"comma-separated policies: none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback, static-block-critical (both = static,soft-reflective)")
+		"comma-separated policies: none, llmd-static, llmd-soft-reflective, llmd-priority-holdback, static, soft-reflective, priority-holdback, static-block-critical (both = static,soft-reflective); -full adds static")
 	fs.BoolVar(&o.floor, "floor", true, "also run the floor: the same critical arrivals with no sheddable traffic")
 	fs.DurationVar(&o.duration, "duration", 10*time.Minute, "arrival window (the pool then drains)")
 	fs.Uint64Var(&o.seed, "seed", 1, "first random seed (same seeds, same output)")
@@ -97,8 +100,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "client-timeout", DefaultClientTimeout, "clients give up after this long; the request is aborted wherever it is (0 = never)")
 	fs.BoolVar(&o.backendPrio, "backend-priority", false, "replicas schedule by priority (vLLM --scheduling-policy priority) in every row")
 	fs.BoolVar(&o.preemptWaiting, "preempt-for-waiting", false, "what-if, not vLLM's behaviour: in the rows with backend priority a waiting request preempts less urgent running ones for its KV blocks (vllm.Config.PreemptForWaiting; vLLM V1 never does, vllm-project/vllm#40004)")
-	bpRows := fs.String("backend-priority-rows", strings.Join(defaultBPRows, ","),
-		"comma-separated policies also run with backend priority, as rows named <policy>+bp ('' = none; ignored with -backend-priority)")
+	bpRows := fs.String("backend-priority-rows", "",
+		"comma-separated policies also run with backend priority, as rows named <policy>+bp (-full: "+strings.Join(fullBPRows, ",")+"; ignored with -backend-priority)")
 	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
 	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
 	aggregate := fs.String("aggregate", DefaultAggregate, "flowgate's saturation: combine replicas by mean (saturation.Scorer.Pool) or max (Scorer.PoolMax)")
@@ -106,7 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	hb := cluster.DefaultHoldback()
 	fs.Float64Var(&o.holdback.MinCeiling, "holdback-min", hb.MinCeiling, "priority-holdback policies: minCeiling, the sheddable band's ceiling, in [0, 1)")
 	fs.Float64Var(&o.holdback.MaxCeiling, "holdback-max", hb.MaxCeiling, "priority-holdback policies: maxCeiling, the critical band's ceiling, in (0, 1] and above -holdback-min")
-	fs.StringVar(&o.format, "format", "table", "output: table (Markdown) or json (JSON Lines: one object per workload, qps, policy, seed)")
+	fs.StringVar(&o.format, "format", "summary", "output: summary (sentences and one table), table (every figure as Markdown tables; -full's default) or json (JSON Lines: one object per workload, qps, policy, seed)")
 	fs.IntVar(&o.gateways, "gateways", 1, "independent gateways (dispatchers) sharing the pool, each with 1/N of the traffic")
 	fs.StringVar(&o.plot, "plot", "", "write an SVG chart of the changes (soft-reflective vs static) to this file")
 	fs.DurationVar(&o.tick, "tick", 0, "dispatcher tick (0 = flowcontrol.DefaultTick)")
@@ -117,8 +120,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.bAlone, "tenant-b-alone", false, "with -tenants: drop tenant A's arrivals (tenant B alone)")
 	// Several gateways model proxy replicas as deployed: sharing their in-flight view at
 	// saturation/redisshare's DefaultPeriod (TestSharedInFlightDefault keeps the two equal).
-	// Without it each gateway's gate sees only its own dispatches (examples/sim/README.md,
-	// Several gateways: codegen@16 ×1.5–2.9 of one gateway at G = 2..8, against ×1.06–1.17).
+	// Without it each gateway's gate sees only its own dispatches (README.md next to this
+	// file, Several gateways: codegen@16 1.9–5.0 s at G = 2..8 against 534 ms with one
+	// gateway, and ×1.08–1.17 of one gateway with it).
 	// With one gateway there is no one to share with and the flag changes nothing.
 	shared := fs.String("shared-inflight", DefaultSharedInFlight, "gateways share their in-flight view: off, request (at every change) or a sync period such as 5ms (the default: saturation/redisshare's period)")
 	fs.StringVar(&o.critRouting, "critical-routing", DefaultCriticalRouting, "how a flowgate gateway (static, soft-reflective, priority-holdback, static-block-critical; none, the floor and llm-d parity always route by -routing) picks the replica for a critical request: same (as -routing), kv (by -routing among the replicas with -critical-kv-headroom of their KV cache free at the last scrape: flowhttp.Router.LeastLoadedFor(0)) or kv-bp (kv in the rows with backend priority, same in the others: the Gateway's default, on when it forwards priority)")
@@ -151,6 +155,21 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.step.Base, o.step.PerAdmit = *base, *admit
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.full {
+		if !set["policy"] {
+			*pol = strings.Join(fullPolicies, ",")
+		}
+		if !set["backend-priority-rows"] {
+			*bpRows = strings.Join(fullBPRows, ",")
+		}
+		if !set["format"] {
+			o.format = "table"
+		}
+	} else if !set["workload"] && !set["qps"] {
+		o.points = defaultPoints
+	}
 	if *wl == "all" {
 		o.workloads = workload.All()
 	} else {
@@ -245,8 +264,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if !slices.Contains(cluster.Routings(), o.routing) {
 		return o, fmt.Errorf("-routing: %q must be scrape or inflight", o.routing)
 	}
-	if o.format != "table" && o.format != "json" {
-		return o, fmt.Errorf("-format: %q must be table or json", o.format)
+	if o.format != "summary" && o.format != "table" && o.format != "json" {
+		return o, fmt.Errorf("-format: %q must be summary, table or json", o.format)
 	}
 	switch {
 	case o.duration <= 0:
@@ -281,15 +300,31 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
-// defaultBPRows are the policies the default run also runs with backend priority:
-// no gateway gate and flowgate's shipped policy, each beside its row without.
-var defaultBPRows = []string{cluster.None, cluster.SoftReflective}
+// fullBPRows are the policies -full also runs with backend priority: no gateway
+// gate and flowgate's shipped policy, each beside its row without.
+var fullBPRows = []string{cluster.None, cluster.SoftReflective}
+
+// defaultPoints are the default run's points: every overloaded published point and
+// codegen@10, the under-capacity point nearest the knee (the one where a gate could
+// cost the most while protecting nothing).
+var defaultPoints = []sweepPoint{
+	{workload.Codegen, 10}, {workload.Codegen, 16}, {workload.Codegen, 24},
+	{workload.Chat, 80}, {workload.Reasoning, 0.7}, {workload.Reasoning, 1.2},
+}
+
+func pointsString(ps []sweepPoint) string {
+	var ss []string
+	for _, p := range ps {
+		ss = append(ss, fmt.Sprintf("%s@%g", p.w.Name, p.qps))
+	}
+	return strings.Join(ss, ", ")
+}
 
 // BPSuffix marks a row run with backend priority (-backend-priority-rows).
 const BPSuffix = "+bp"
 
 // DefaultProjection and DefaultAggregate are the simulator's flowgate saturation
-// wiring, chosen by the signal sweep (README.md next to this file).
+// wiring, chosen by the signal sweep (NOTES-2026.md next to this file).
 const (
 	DefaultProjection = saturation.ProjectNone
 	DefaultAggregate  = "mean"
@@ -299,12 +334,17 @@ const (
 )
 
 // DefaultCriticalRouting is -critical-routing's default: with backend priority a
-// critical request is routed among the replicas with KV-cache headroom (README.md next to
-// this file, "Backend priority at reasoning@0.7").
+// critical request is routed among the replicas with KV-cache headroom (NOTES-2026.md
+// next to this file, "Backend priority at reasoning@0.7").
 const DefaultCriticalRouting = cluster.CriticalRoutingKVWithPriority
 
-// defaultPolicies are the policies of the default run (the floor is added by -floor).
-var defaultPolicies = []string{cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective}
+// defaultPolicies are the policies of the default run (the floor is added by -floor):
+// no flow control, llm-d parity with its static and soft-reflective policies, and
+// flowgate's shipped policy. fullPolicies (-full) add flowgate's static.
+var (
+	defaultPolicies = []string{cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.SoftReflective}
+	fullPolicies    = []string{cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static, cluster.SoftReflective}
+)
 
 // DefaultClientTimeout is how long the simulated clients wait before giving up.
 const DefaultClientTimeout = 300 * time.Second

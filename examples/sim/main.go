@@ -1,9 +1,13 @@
 // Command sim runs the deterministic vLLM-pool simulator with the library's dispatchers
-// in the loop and compares, at every published workload and QPS point over several
-// seeds, no flow control, llm-d parity (package flowcontrol/llmd: llmd.Dispatcher with
-// llm-d's static and soft-reflective policies), flowgate's static and soft-reflective policies and the
-// critical-only floor. -format json writes JSON Lines (one object per workload, qps,
-// policy, seed); -fit prints the calibration fit. See README.md next to this file.
+// in the loop. With no flags it answers whether flowgate protects critical traffic, at
+// what price and against what: at every overloaded published point and codegen@10, over
+// 5 seeds, it runs no flow control, llm-d parity (package flowcontrol/llmd: llm-d's
+// static and soft-reflective policies), flowgate's soft-reflective policy as
+// flowhttp.Gateway ships it and the critical-only floor, and prints a few sentences and
+// one table. -full runs the whole grid (every published point, flowgate's static, rows
+// with backend priority) and prints every figure; -format json writes JSON Lines (one
+// object per workload, qps, policy, seed); -fit prints the calibration fit. See
+// README.md next to this file.
 package main
 
 import (
@@ -43,8 +47,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	switch o.format {
 	case "json":
 		err = writeJSON(stdout, results)
-	default:
+	case "table":
 		err = writeTable(stdout, o, results)
+	default:
+		err = writeSummary(stdout, o, results)
 	}
 	if err != nil {
 		return err

@@ -33,14 +33,15 @@ func TestSameSeedSameBytes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sa, sb)
 	require.True(t, bytes.HasPrefix(sa, []byte("<svg")))
-	require.Contains(t, a, "| codegen | 16 |")
+	require.Contains(t, a, "\ncodegen@16 ")
 	c := runArgs(t, "-workload", "codegen", "-qps", "4,16", "-duration", "20s", "-seed", "4", "-seeds", "2", "-quiet")
 	require.NotEqual(t, a, c)
 }
 
 func TestJSONKeys(t *testing.T) {
 	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2",
-		"-seeds", "2", "-policy", "none,llmd-static,llmd-soft-reflective,static,soft-reflective")
+		"-seeds", "2", "-policy", "none,llmd-static,llmd-soft-reflective,static,soft-reflective",
+		"-backend-priority-rows", "none,soft-reflective")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	pols := []string{"floor", "none", "llmd-static", "llmd-soft-reflective", "static", "soft-reflective", "none+bp", "soft-reflective+bp"}
 	require.Len(t, lines, 2*len(pols), "one object per (workload, qps, policy, seed): JSON Lines")
@@ -99,7 +100,7 @@ func TestSweepRuns(t *testing.T) {
 // bytes, whatever the parallelism; the acceptance command's policies in JSON.
 func TestSameSeedSameBytesGateways4(t *testing.T) {
 	args := []string{"-workload", "codegen", "-qps", "16", "-duration", "15s", "-seeds", "2", "-gateways", "4", "-quiet",
-		"-policy", "none,llmd-static,llmd-soft-reflective,soft-reflective", "-format", "json"}
+		"-policy", "none,llmd-static,llmd-soft-reflective,soft-reflective", "-backend-priority-rows", "none,soft-reflective", "-format", "json"}
 	a := runArgs(t, args...)
 	b := runArgs(t, append(args, "-parallel", "1")...)
 	require.Equal(t, a, b)
@@ -121,12 +122,13 @@ func TestFitRuns(t *testing.T) {
 	require.Regexp(t, `\nloss [0-9.]+\n`, out)
 }
 
-// TestTableStepBoundAndBackendPriorityRows: the default table has the step-time
-// bound beside the floor and the backend-priority rows beside the rows without;
+// TestTableStepBoundAndBackendPriorityRows: the Markdown table (-format table) has the
+// step-time bound beside the floor and the backend-priority rows beside the rows without;
 // an empty -backend-priority-rows drops them, and -backend-priority runs every row with it
 // (no +bp rows). A bound is printed for an overloaded point (a finite figure, not –).
 func TestTableStepBoundAndBackendPriorityRows(t *testing.T) {
-	out := runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none,soft-reflective")
+	out := runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none,soft-reflective",
+		"-format", "table", "-backend-priority-rows", "none,soft-reflective")
 	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none | soft-reflective | none+bp | soft-reflective+bp |")
 	row := ""
 	for _, l := range strings.Split(out, "\n") {
@@ -138,7 +140,7 @@ func TestTableStepBoundAndBackendPriorityRows(t *testing.T) {
 	cells := strings.Split(row, "|")
 	require.Greater(t, len(cells), 4, out)
 	require.Regexp(t, `^ [0-9]+ ms $`, cells[4], "the bound of chat@80: %q", row)
-	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-backend-priority-rows", "")
+	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-format", "table")
 	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none |\n")
 	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-backend-priority", "-format", "json")
 	require.NotContains(t, out, "+bp")

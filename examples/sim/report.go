@@ -18,6 +18,7 @@ import (
 type job struct {
 	cfg   cluster.Config
 	label string // the row's name when it is not cfg.Policy ("<policy>+bp")
+	note  string // what else sets the run apart, for the progress (the sweep's cell)
 }
 
 // policiesRun is the policies of the run in output order, the floor first.
@@ -35,32 +36,55 @@ func (o options) policiesRun() []string {
 
 // jobs lists the experiments in output order: workload, QPS, policy, seed.
 func (o options) jobs() []job {
-	var js []job
-	for _, w := range o.workloads {
-		qs := o.qps
-		if qs == nil {
-			qs = w.QPS
+	ps := o.points
+	if ps == nil {
+		for _, w := range o.workloads {
+			qs := o.qps
+			if qs == nil {
+				qs = w.QPS
+			}
+			for _, q := range qs {
+				ps = append(ps, sweepPoint{w, q})
+			}
 		}
-		for _, q := range qs {
-			for _, p := range o.policiesRun() {
-				pol, bp := strings.CutSuffix(p, BPSuffix)
-				for k := range o.seeds {
-					j := job{cfg: o.config(w, q, pol, o.seed+uint64(k))}
-					if bp {
-						j.cfg.BackendPriority, j.label = true, p
-					}
-					js = append(js, j)
+	}
+	var js []job
+	for _, pt := range ps {
+		for _, p := range o.policiesRun() {
+			pol, bp := strings.CutSuffix(p, BPSuffix)
+			for k := range o.seeds {
+				j := job{cfg: o.config(pt.w, pt.qps, pol, o.seed+uint64(k))}
+				if bp {
+					j.cfg.BackendPriority, j.label = true, p
 				}
+				js = append(js, j)
 			}
 		}
 	}
 	return js
 }
 
+// name is the job's variant as the progress shows it: the row ("<policy>+bp" for a
+// run with backend priority), then any note.
+func (j job) name() string {
+	n := j.cfg.Policy
+	if j.label != "" {
+		n = j.label
+	}
+	if j.cfg.BackendPriority && !strings.HasSuffix(n, BPSuffix) {
+		n += BPSuffix
+	}
+	if j.note != "" {
+		n += " (" + j.note + ")"
+	}
+	return n
+}
+
 // runJobs runs the experiments on up to parallel goroutines. Each experiment is
 // self-contained and deterministic, and results are stored by index, so the output
 // does not depend on the parallelism or the scheduling. Progress and the wall time go
-// to stderr unless quiet.
+// to stderr unless quiet: one line per experiment naming its variant, with an
+// estimate of the time left (the mean wall time per finished experiment so far).
 func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Result, error) {
 	if parallel == 0 {
 		parallel = runtime.GOMAXPROCS(0)
@@ -86,8 +110,10 @@ func runJobs(js []job, parallel int, quiet bool, stderr io.Writer) ([]cluster.Re
 					mu.Lock()
 					done++
 					c := js[i].cfg
-					fmt.Fprintf(stderr, "[%d/%d] %s@%g %s seed %d: %v\n", done, len(js), c.Workload.Name, c.QPS, c.Policy, c.Seed,
-						time.Since(t0).Round(time.Millisecond))
+					el := time.Since(start)
+					eta := time.Duration(float64(el) / float64(done) * float64(len(js)-done))
+					fmt.Fprintf(stderr, "[%d/%d] %s@%g %s seed %d: %v; ETA %v\n", done, len(js), c.Workload.Name, c.QPS, js[i].name(), c.Seed,
+						time.Since(t0).Round(time.Millisecond), eta.Round(time.Second))
 					mu.Unlock()
 				}
 			}

@@ -104,7 +104,8 @@ func runSweep(o options, w, stderr io.Writer) error {
 			for _, pol := range []string{cluster.Static, cluster.SoftReflective} {
 				oc := o
 				oc.tick, oc.burst, oc.credit = c.tick, c.burst, c.credit
-				js = append(js, job{cfg: oc.config(p.w, p.qps, pol, o.seed)})
+				js = append(js, job{cfg: oc.config(p.w, p.qps, pol, o.seed),
+					note: fmt.Sprintf("tick %v, burst %d, credit %v", c.tick, c.burst, c.credit)})
 			}
 		}
 	}

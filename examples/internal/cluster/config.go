@@ -80,7 +80,7 @@ const (
 	// one in the waiting queue but still needs free KV blocks for its prompt, and
 	// vLLM preempts no running request to admit a waiting one: on a replica whose
 	// cache is full it waits until a running request's growth forces a preemption
-	// (examples/sim/README.md, "Backend priority at reasoning@0.7").
+	// (examples/sim/NOTES-2026.md, "Backend priority at reasoning@0.7").
 	CriticalRoutingKV = "kv"
 	// CriticalRoutingKVWithPriority is CriticalRoutingKV when the replicas
 	// schedule by priority (Config.BackendPriority), CriticalRoutingSame
@@ -122,7 +122,7 @@ func (c Config) llmd() bool {
 
 // DefaultHoldback is the holdback policies' configuration when Config.Holdback is
 // the zero value: llm-d's rank domain, maxCeiling 1 (its default) and minCeiling
-// 0.5 (llm-d has no default; see examples/sim/README.md for the choice).
+// 0.5 (llm-d has no default; examples/sim/NOTES-2026.md records the choice).
 func DefaultHoldback() flowcontrol.HoldbackConfig {
 	return flowcontrol.HoldbackConfig{Domain: flowcontrol.HoldbackRank, MinCeiling: 0.5, MaxCeiling: 1}
 }
@@ -209,7 +209,7 @@ type Config struct {
 	Capacity        int           // per-band gateway queue capacity (0 = twice a gateway's expected arrivals, at least 1024)
 	Replica         vllm.Config   // zero TotalBlocks = vllm.DefaultConfig()
 	// CatchUp bounds how many skipped ticks are replayed when a dormant gateway wakes
-	// (0 = 4096); see "Skipping ticks" in examples/sim/README.md.
+	// (0 = 4096); see "Tick skipping" in examples/sim/README.md.
 	CatchUp int
 	// ClientTimeout is how long a client waits for its request to complete before it
 	// gives up; the request is then aborted wherever it is (gateway queue or replica).
