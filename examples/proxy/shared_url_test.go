@@ -58,7 +58,7 @@ func TestParseConfigSharedURL(t *testing.T) {
 		{"sharedInFlight:\n  url: 'redis://:s3cret@redis'\n  mode: sentinel\n", "master_name"},
 		{"sharedInFlight:\n  address: 'redis://redis:6379'\n", "sharedInFlight.address (line 2): a URL; give it as sharedInFlight.url"},
 		{"sharedInFlight:\n  address: 'redis:6379'\n  mode: cluster\n", "sharedInFlight.mode (line 3)"},
-		{"sharedInFlight:\n  ur: 'redis://redis'\n", "did you mean url?"},
+		{"sharedInFlight:\n  ur: 'redis://redis'\n", "sharedInFlight.ur (line 2): unknown field"},
 		{"sharedInFlight:\n  mode: cluster\n", "sharedInFlight.address"},
 	} {
 		_, err := gateway.ParseConfig(strings.NewReader(c.src))

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"net"
 	"os"
 	"slices"
@@ -20,56 +19,19 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/flowgate/flowgate/flowcontrol"
-	"github.com/flowgate/flowgate/saturation"
 	"github.com/flowgate/flowgate/saturation/redisshare"
 	"github.com/redis/go-redis/v9"
 )
 
-// The YAML file the proxy reads with -config. Its shape follows llm-d's
-// flowControl and saturationDetector sections, so that a user of the
-// reference gateway recognises it:
-//
-//	plugins:
-//	  - name: baseline
-//	    type: static-usage-limit-policy
-//	    parameters: {threshold: 1.0}
-//	flowControl:
-//	  usageLimitPolicyPluginRef: soft-reflective-ceiling-policy
-//	  priorityBands:
-//	    - {name: critical,  priority: 100, capacity: 1024, maxWait: 30s}
-//	    - {name: sheddable, priority: 0,   capacity: 4096, maxWait: 120s}
-//	  defaultPriorityBand: sheddable
-//	  objectives: {critical: critical, sheddable: sheddable}
-//	saturationDetector:
-//	  queueDepthThreshold: 5
-//	  kvCacheUtilThreshold: 0.8
-//	  metricsStalenessThreshold: 200ms
-//	  scrapeInterval: 50ms
-//	  inFlightCredit: true
-//	sharedInFlight:            # optional: share in-flight counts with other replicas
-//	  address: redis:6379      # or url: rediss://:password@redis:6380/2 (and mode: sentinel|cluster)
-//	  replicaId: gateway-0     # unique per replica (or -replica-id)
-//	  period: 5ms
-//	  ttl: 1s
-//
-// Band priorities follow the Gateway API Inference Extension convention
-// (InferenceObjective.priority: higher is more important): bands are sorted by
-// descending priority, so the highest becomes band 0, the one that is never
-// gated. usageLimitPolicyPluginRef names either a plugin declared under
-// plugins (by its name) or a registered policy type directly, with its default
-// parameters (priority-holdback-policy has none for minCeiling, so it must be
-
-// fileConfig is the document as written; every field is optional. It is
-// llm-d's EndpointPickerConfig: the sections flowgate has no use for
-// (scheduling, the data layer, the parser, feature gates) are accepted and
-// ignored with a warning; plugins of types flowgate does not implement too.
+// fileConfig is the document (llm-d's EndpointPickerConfig) as written; a
+// field's tag in is the range it takes.
 type fileConfig struct {
-	APIVersion         string                 `yaml:"apiVersion"`
-	Kind               string                 `yaml:"kind"`
-	Plugins            []filePlugin           `yaml:"plugins"`
-	FlowControl        fileFlowControl        `yaml:"flowControl"`
-	SaturationDetector fileSaturationDetector `yaml:"saturationDetector"`
-	SharedInFlight     *fileSharedInFlight    `yaml:"sharedInFlight"`
+	APIVersion         string           `yaml:"apiVersion"`
+	Kind               string           `yaml:"kind"`
+	Plugins            []filePlugin     `yaml:"plugins"`
+	FlowControl        fileFlowControl  `yaml:"flowControl"`
+	SaturationDetector SaturationConfig `yaml:"saturationDetector"` // over the defaults
+	SharedInFlight     *SharedConfig    `yaml:"sharedInFlight"`
 
 	FeatureGates       yaml.Node `yaml:"featureGates"`
 	SchedulingProfiles yaml.Node `yaml:"schedulingProfiles"`
@@ -81,105 +43,83 @@ type fileConfig struct {
 type filePlugin struct {
 	Name       string    `yaml:"name"`
 	Type       string    `yaml:"type"`
-	Parameters yaml.Node `yaml:"parameters"` // read by type
+	Parameters yaml.Node `yaml:"parameters"` // decoded by type
 }
 
 type fileFlowControl struct {
 	UsageLimitPolicyPluginRef string     `yaml:"usageLimitPolicyPluginRef"`
 	PriorityBands             []fileBand `yaml:"priorityBands"`
-	// DefaultPriorityBand is a band's name (flowgate: the band of
-	// requests nothing else places) or llm-d's band template (a
-	// fileQueue: the defaults of bands that do not set them).
+	// A band's name, or llm-d's band template (a fileQueue).
 	DefaultPriorityBand yaml.Node         `yaml:"defaultPriorityBand"`
 	Objectives          map[string]string `yaml:"objectives"`
-	Tick                *time.Duration    `yaml:"tick"`
-	Burst               *int              `yaml:"burst"`
-	// llm-d: a band's default max wait, and global limits (flowgate
-	// applies them per band: no band exceeds them).
-	DefaultRequestTTL  *time.Duration `yaml:"defaultRequestTTL"`
+	Tick                time.Duration     `yaml:"tick" in:"[100µs, 1s]"` // flowcontrol.MinTick
+	Burst               int               `yaml:"burst" in:"[1, 1048576]"`
+	// llm-d's default max wait and global limits (applied per band).
+	DefaultRequestTTL  *time.Duration `yaml:"defaultRequestTTL" in:"[0, +Inf)"`
 	MaxRequests        yaml.Node      `yaml:"maxRequests"`
 	MaxBytes           yaml.Node      `yaml:"maxBytes"`
-	SaturationDetector *struct {
+	SaturationDetector struct {
 		PluginRef string `yaml:"pluginRef"`
 	} `yaml:"saturationDetector"`
-	// flowgate's: Config.BodyPriority and Config.CriticalKVHeadroom.
 	BodyPriority       string   `yaml:"bodyPriority"`
-	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom"`
+	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom" in:"[0, 1]"`
 }
 
 type fileBand struct {
 	Name      string         `yaml:"name"`
 	Priority  *int           `yaml:"priority"`
 	Capacity  *int           `yaml:"capacity"`
-	MaxWait   *time.Duration `yaml:"maxWait"`
+	MaxWait   *time.Duration `yaml:"maxWait" in:"[0, +Inf)"`
 	fileQueue `yaml:",inline"`
 }
 
-// fileQueue is what a band and the band template share.
+// fileQueue is what a band and the band template share: llm-d's and
+// flowgate's names for capacity, byte budget, fairness and ordering.
 type fileQueue struct {
-	// llm-d's names: maxRequests is capacity (a quantity such as "500"
-	// or "1k"), maxBytes the byte budget ("512Mi", "1Gi", bytes).
 	MaxRequests       yaml.Node `yaml:"maxRequests"`
 	MaxBytes          yaml.Node `yaml:"maxBytes"`
 	FairnessPolicyRef string    `yaml:"fairnessPolicyRef"`
 	OrderingPolicyRef string    `yaml:"orderingPolicyRef"`
-	// flowgate's names for the same settings (flowcontrol.BandConfig), and
-	// the per-flow bound llm-d does not have.
-	Fairness     string `yaml:"fairness"`
-	Ordering     string `yaml:"ordering"`
-	FlowCapacity *int   `yaml:"flowCapacity"`
-}
-
-// fileThresholds is what flowgate's saturationDetector section and llm-d's
-// utilization-detector parameters share; the section's win.
-type fileThresholds struct {
-	QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold"`
-	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold"`
-	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold"`
-}
-
-type fileSaturationDetector struct {
-	fileThresholds `yaml:",inline"`
-	ScrapeInterval *time.Duration `yaml:"scrapeInterval"`
-	InFlightCredit *bool          `yaml:"inFlightCredit"`
-	Engine         string         `yaml:"engine"` // the metric names: vllm (default) or sglang
+	Fairness          string    `yaml:"fairness"`
+	Ordering          string    `yaml:"ordering"`
+	FlowCapacity      *int      `yaml:"flowCapacity" in:"[0, 4194304]"` // MaxBandCapacity; 0: no bound
 }
 
 // fileDetector is llm-d's utilization-detector parameters.
 type fileDetector struct {
-	fileThresholds  `yaml:",inline"`
-	StalenessPolicy string   `yaml:"stalenessPolicy"`
-	Headroom        *float64 `yaml:"headroom"`
+	QueueDepthThreshold       *float64       `yaml:"queueDepthThreshold" in:"(0, +Inf)"`
+	KVCacheUtilThreshold      *float64       `yaml:"kvCacheUtilThreshold" in:"(0, 1]"`
+	MetricsStalenessThreshold *time.Duration `yaml:"metricsStalenessThreshold" in:"[1ms, 1h]"`
+	StalenessPolicy           string         `yaml:"stalenessPolicy"`
+	Headroom                  float64        `yaml:"headroom"`
 }
 
-// fileSharedInFlight is flowgate's own section: the in-flight view shared
-// with the other gateway replicas through Redis (package redisshare).
-type fileSharedInFlight struct {
-	Address   string         `yaml:"address"`
-	URL       string         `yaml:"url"`
-	Mode      string         `yaml:"mode"`
-	ReplicaID string         `yaml:"replicaId"`
-	Period    *time.Duration `yaml:"period"`
-	TTL       *time.Duration `yaml:"ttl"`
-}
-
-// Policy type names, as registered in flowcontrol's policy registry.
+// Plugin types flowgate reads: the usage-limit policies and llm-d's detectors.
 const (
 	policyStatic         = "static-usage-limit-policy"
 	policySoftReflective = "soft-reflective-ceiling-policy"
 	policyHoldback       = "priority-holdback-policy"
+	detectorUtilization  = "utilization-detector"
+	detectorConcurrency  = "concurrency-detector"
 )
 
-// Limits of a configuration: every band's queue is allocated at start, so
-// the total is bounded (a ring slot is 16 bytes, a waiting request ~3 KB).
+// llm-d's fairness and ordering policy types and the flowcontrol policy each
+// maps to (program-aware-fairness approximately, with a warning).
+const fairnessProgramAware = "program-aware-fairness"
+
+var (
+	llmdFairness = map[string]string{"global-strict-fairness-policy": flowcontrol.FairnessFCFS,
+		"round-robin-fairness-policy": flowcontrol.FairnessRoundRobin, fairnessProgramAware: flowcontrol.FairnessShare}
+	llmdOrdering = map[string]string{"fcfs-ordering-policy": flowcontrol.OrderingFCFS,
+		"edf-ordering-policy": flowcontrol.OrderingEDF, "slo-deadline-ordering-policy": flowcontrol.OrderingEDF}
+)
+
+// Limits of a configuration: every band's queue is allocated at start.
 const (
-	MaxBandCapacity  = 1 << 22 // waiting requests one band holds
-	MaxTotalCapacity = 1 << 22 // ... all bands together
-	// DefaultBandBytes is a band's byte budget when the file sets none
-	// (llm-d's default: 1 GB).
-	DefaultBandBytes = 1 << 30
-	// defaultBandCapacity is a band's capacity when the file sets none.
-	defaultBandCapacity = 1024
+	MaxBandCapacity     = 1 << 22 // waiting requests one band holds
+	MaxTotalCapacity    = 1 << 22 // ... all bands together
+	DefaultBandBytes    = 1 << 30 // a band's byte budget when the file sets none (llm-d's)
+	defaultBandCapacity = 1024    // a band's capacity when the file sets none
 )
 
 // Body priority handling (Config.BodyPriority).
@@ -187,11 +127,8 @@ const (
 	BodyPriorityKeep   = "keep"   // classify by it, forward it unchanged (default)
 	BodyPriorityStrip  = "strip"  // classify by it, remove it from the forwarded body
 	BodyPriorityIgnore = "ignore" // do not classify by it; forward it unchanged
-	// BodyPrioritySet classifies by it and writes the request's band into
-	// the forwarded body (vLLM: band i as priority i; SGLang, engine
-	// sglang: the reverse), so that a model server run with priority
-	// scheduling (vLLM --scheduling-policy priority) schedules and preempts
-	// by the gateway's band.
+	// BodyPrioritySet classifies by it and writes the request's band into the
+	// forwarded body, for model servers that schedule by priority.
 	BodyPrioritySet = "set"
 )
 
@@ -202,80 +139,52 @@ type Band struct {
 	Capacity int
 	MaxWait  time.Duration // 0: no limit
 	MaxBytes int64         // byte budget of the band's waiting bodies; 0: none
-	// Fairness, Ordering and FlowCapacity are flowcontrol.BandConfig's: how
-	// the band shares its releases between flows (the fairness-id header),
-	// the order within a flow, and what one flow may hold ("" and 0: fcfs,
-	// no bound).
+	// Fairness, Ordering and FlowCapacity are flowcontrol.BandConfig's
+	// ("" and 0: fcfs, no per-flow bound).
 	Fairness     string
 	Ordering     string
 	FlowCapacity int
 }
 
-// PolicyRef is the selected usage-limit policy: a registry type name and its
-// parameters.
+// PolicyRef is the selected usage-limit policy: a type and its parameters.
 type PolicyRef struct {
 	Type      string
-	Threshold float64 // static-usage-limit-policy only
-	// Holdback is priority-holdback-policy's parameters, and Ceilings the
-	// ceiling they give each band (band 0 first), computed from the bands'
-	// priorities when the file is read.
-	Holdback flowcontrol.HoldbackConfig
-	Ceilings []float64
+	Threshold float64                    // static-usage-limit-policy only
+	Holdback  flowcontrol.HoldbackConfig // priority-holdback-policy only
+	Ceilings  []float64                  // Holdback's ceiling of each band, band 0 first
 }
 
-// SaturationConfig configures the metrics poller.
+// SaturationConfig configures the metrics poller; its yaml keys are the
+// saturationDetector section's.
 type SaturationConfig struct {
 	// QueueDepthThreshold is the waiting requests per pod that score it
-	// saturated. Zero (the default when the file omits it) takes the
-	// library's: flowhttp.CreditQueueDepthThreshold with InFlightCredit,
-	// saturation.DefaultQueueDepthThreshold (llm-d's 5) without.
-	QueueDepthThreshold       float64
-	KVCacheUtilThreshold      float64
-	MetricsStalenessThreshold time.Duration
-	ScrapeInterval            time.Duration
-	// InFlightCredit counts requests the proxy has forwarded to a pod but
-	// that its last scrape does not show yet (in-flight − (waiting +
-	// running), if positive) as waiting on that pod.
-	InFlightCredit bool
-	// Engine is the backends' kind, which names their metrics: "vllm"
-	// (default) or "sglang".
-	Engine string
+	// saturated; 0 (the default) is flowhttp.CreditQueueDepthThreshold with
+	// InFlightCredit, saturation.DefaultQueueDepthThreshold without.
+	QueueDepthThreshold       float64       `yaml:"queueDepthThreshold" in:"(0, +Inf)"`
+	KVCacheUtilThreshold      float64       `yaml:"kvCacheUtilThreshold" in:"(0, 1]"`
+	MetricsStalenessThreshold time.Duration `yaml:"metricsStalenessThreshold" in:"[1ms, 1h]"` // saturation.MinStaleness, MaxStaleness
+	ScrapeInterval            time.Duration `yaml:"scrapeInterval" in:"[1ms, 1h]"`            // saturation.MinInterval, MaxInterval
+	InFlightCredit            bool          `yaml:"inFlightCredit"`                           // count forwarded requests a scrape does not show yet as waiting
+	Engine                    string        `yaml:"engine"`                                   // the backends' metrics: "vllm" (default) or "sglang"
 }
 
-// SharedConfig configures the in-flight view shared with the other gateway
-// replicas through Redis (package saturation/redisshare). Only the per-backend
-// in-flight counts are shared; queues, bands and the dispatcher stay local.
-// The zero value (Address and URL "") is off: the proxy routes and credits on its
-// own counts.
+// SharedConfig configures the per-backend in-flight counts shared with the
+// other gateway replicas through Redis (package saturation/redisshare); its
+// yaml keys are the sharedInFlight section's. Sharing is on when Address or
+// URL is set, never both.
 type SharedConfig struct {
-	// Address is the Redis "host:port" (one server, no auth, no TLS).
-	// Sharing is on when Address or URL is set, never both.
-	Address string
-	// URL is a Redis URL read by go-redis's parser for Mode (see
-	// redisshare.ParseURL): redis://[user:password@]host[:port][/db],
-	// rediss:// for TLS; for Sentinel, more Sentinels as addr=host:port
-	// and master_name=NAME; for Cluster, more nodes as addr=host:port.
-	URL string
-	// Mode is how URL is read: redisshare.ModeStandalone ("" too),
-	// ModeSentinel or ModeCluster.
-	Mode string
-	// ReplicaID names this replica among those sharing the Redis; it must
-	// be unique (a pod name). Required when sharing is on.
-	ReplicaID string
-	// Period between two syncs with Redis. Default redisshare.DefaultPeriod.
-	Period time.Duration
-	// TTL is how long a replica that stopped publishing keeps counting in
-	// the others' views, and how long this one serves the others' last
-	// counts while Redis fails. At least 4 Periods. Default
-	// redisshare.DefaultTTL.
-	TTL time.Duration
+	Address   string        `yaml:"address"`               // a "host:port": one server, no auth, no TLS
+	URL       string        `yaml:"url"`                   // redis://[user:password@]host[:port][/db], rediss://, read by redisshare.ParseURL
+	Mode      string        `yaml:"mode"`                  // how URL is read: redisshare.ModeStandalone ("" too), ModeSentinel or ModeCluster
+	ReplicaID string        `yaml:"replicaId"`             // unique among the replicas (a pod name); required
+	Period    time.Duration `yaml:"period" in:"(0, +Inf)"` // between two syncs; default redisshare.DefaultPeriod
+	TTL       time.Duration `yaml:"ttl" in:"(0, +Inf)"`    // how long counts outlive their source; ≥ 4 Periods, default redisshare.DefaultTTL
 }
 
 // Enabled reports whether sharing is on.
 func (s SharedConfig) Enabled() bool { return s.Address != "" || s.URL != "" }
 
-// RedisOptions returns the connection for redisshare.Options.Redis: URL
-// read for Mode, or Address as one server. Validate has checked both.
+// RedisOptions returns the connection for redisshare.Options.Redis.
 func (s SharedConfig) RedisOptions() (*redis.UniversalOptions, error) {
 	if s.URL != "" {
 		return redisshare.ParseURL(s.URL, s.Mode)
@@ -286,47 +195,29 @@ func (s SharedConfig) RedisOptions() (*redis.UniversalOptions, error) {
 // Validate fills the defaults and checks the settings, naming each field as
 // names does (the file's paths, or the proxy's flags).
 func (s *SharedConfig) Validate(names SharedFieldNames) error {
-	if s.Period == 0 {
-		s.Period = redisshare.DefaultPeriod
-	}
-	if s.TTL == 0 {
-		s.TTL = redisshare.DefaultTTL
-	}
-	if !s.Enabled() {
-		switch {
-		case s.ReplicaID != "":
-			return fmt.Errorf("%s: set without %s", names.ReplicaID, names.Address)
-		case s.Mode != "":
-			return fmt.Errorf("%s: set without %s", names.Mode, names.URL)
-		}
+	s.Period, s.TTL = cmp.Or(s.Period, redisshare.DefaultPeriod), cmp.Or(s.TTL, redisshare.DefaultTTL)
+	_, _, addrErr := net.SplitHostPort(s.Address)
+	_, urlErr := redisshare.ParseURL(s.URL, s.Mode)
+	modes := []string{redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster}
+	switch on := s.Enabled(); {
+	case !on && s.ReplicaID != "":
+		return fmt.Errorf("%s: set without %s", names.ReplicaID, names.Address)
+	case !on && s.Mode != "":
+		return fmt.Errorf("%s: set without %s", names.Mode, names.URL)
+	case !on:
 		return nil
-	}
-	switch {
 	case s.Address != "" && s.URL != "":
 		return fmt.Errorf("%s: set beside %s; give one", names.URL, names.Address)
-	case s.Address != "" && strings.Contains(s.Address, "://"):
+	case strings.Contains(s.Address, "://"):
 		return fmt.Errorf("%s: a URL; give it as %s (%s is a host:port)", names.Address, names.URL, names.Address)
 	case s.Address != "" && s.Mode != "":
 		return fmt.Errorf("%s: applies to %s only; %s is one server", names.Mode, names.URL, names.Address)
-	case s.Address != "":
-		if _, _, err := net.SplitHostPort(s.Address); err != nil {
-			return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, err)
-		}
-	default:
-		switch s.Mode {
-		case "", redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster:
-		default:
-			return fmt.Errorf("%s: must be %s, %s or %s, got %q", names.Mode,
-				redisshare.ModeStandalone, redisshare.ModeSentinel, redisshare.ModeCluster, s.Mode)
-		}
-		if _, err := redisshare.ParseURL(s.URL, s.Mode); err != nil {
-			// ParseURL's message never repeats the URL (it may hold a
-			// password); drop its package prefix for the field's.
-			msg := strings.TrimPrefix(err.Error(), redisshare.ErrInvalidConfig.Error()+": ")
-			return fmt.Errorf("%s: %s", names.URL, msg)
-		}
-	}
-	switch {
+	case s.Address != "" && addrErr != nil:
+		return fmt.Errorf("%s: %q is not a host:port: %v", names.Address, s.Address, addrErr)
+	case s.Mode != "" && !slices.Contains(modes, s.Mode):
+		return fmt.Errorf("%s: must be %s, %s or %s, got %q", names.Mode, modes[0], modes[1], modes[2], s.Mode)
+	case s.URL != "" && urlErr != nil: // its message never repeats the URL (it may hold a password)
+		return fmt.Errorf("%s: %s", names.URL, strings.TrimPrefix(urlErr.Error(), redisshare.ErrInvalidConfig.Error()+": "))
 	case s.ReplicaID == "":
 		return fmt.Errorf("%s: required with %s (a name unique among the replicas, such as the pod name)", names.ReplicaID, names.Address)
 	case len(s.ReplicaID) > 256:
@@ -343,9 +234,8 @@ func (s *SharedConfig) Validate(names SharedFieldNames) error {
 type SharedFieldNames struct{ Address, URL, Mode, ReplicaID, Period, TTL string }
 
 // SharedFileFields names the fields as the YAML file writes them.
-var SharedFileFields = SharedFieldNames{Address: "sharedInFlight.address", URL: "sharedInFlight.url",
-	Mode: "sharedInFlight.mode", ReplicaID: "sharedInFlight.replicaId",
-	Period: "sharedInFlight.period", TTL: "sharedInFlight.ttl"}
+var SharedFileFields = SharedFieldNames{"sharedInFlight.address", "sharedInFlight.url", "sharedInFlight.mode",
+	"sharedInFlight.replicaId", "sharedInFlight.period", "sharedInFlight.ttl"}
 
 // Config is the validated proxy configuration.
 type Config struct {
@@ -353,29 +243,21 @@ type Config struct {
 	Policy      PolicyRef
 	DefaultBand int
 	// Objectives maps the x-gateway-inference-objective header value to a band.
-	Objectives map[string]int
-	Tick       time.Duration // 0: flowcontrol's default
-	Burst      int           // 0: flowcontrol's default
-	Saturation SaturationConfig
-	// BodyPriority is BodyPriorityKeep, BodyPriorityStrip,
-	// BodyPriorityIgnore or BodyPrioritySet ("" reads as keep).
-	BodyPriority string
-	// CriticalKVHeadroom is the gateway's critical routing
-	// (flowhttp.GatewayConfig.CriticalKVHeadroom): nil takes the
-	// gateway's default (on at 0.1 with BodyPrioritySet, off otherwise), 0
-	// turns it off, a value in (0, 1] turns it on at that headroom.
+	Objectives   map[string]int
+	Tick         time.Duration // 0: flowcontrol's default
+	Burst        int           // 0: flowcontrol's default
+	Saturation   SaturationConfig
+	BodyPriority string // BodyPriorityKeep ("" too), Strip, Ignore or Set
+	// CriticalKVHeadroom is flowhttp.GatewayConfig.CriticalKVHeadroom: nil
+	// takes the gateway's default, 0 turns it off.
 	CriticalKVHeadroom *float64
-	// Shared is the in-flight view shared with other replicas; off by
-	// default.
-	Shared SharedConfig
-	// Warnings lists what the file held that the proxy ignores (llm-d
-	// sections and plugins flowgate has no use for); the proxy logs them.
+	Shared             SharedConfig // off by default
+	// Warnings lists what the file held that the proxy ignores.
 	Warnings []string
 }
 
 // DefaultConfig is what the proxy runs with when no -config is given: two
-// bands (critical, sheddable), the soft-reflective policy, and the reference
-// gateway's saturation thresholds (CALIBRATION.md).
+// bands, the soft-reflective policy and llm-d's thresholds (CALIBRATION.md).
 func DefaultConfig() Config {
 	return Config{
 		Bands: []Band{
@@ -386,15 +268,11 @@ func DefaultConfig() Config {
 		DefaultBand: 1,
 		Objectives:  map[string]int{"critical": 0, "sheddable": 1},
 		Saturation: SaturationConfig{
-			QueueDepthThreshold:       0, // the Gateway's: 6.25 with the credit, 5 without
 			KVCacheUtilThreshold:      0.8,
 			MetricsStalenessThreshold: 200 * time.Millisecond,
 			ScrapeInterval:            50 * time.Millisecond,
-			// On: the poller sees a forwarded request at once rather
-			// than a scrape later. The demo turns it off to compare
-			// the policies as the published experiment did.
-			InFlightCredit: true,
-			Engine:         EngineVLLM,
+			InFlightCredit:            true,
+			Engine:                    EngineVLLM,
 		},
 		BodyPriority: BodyPriorityKeep,
 	}
@@ -406,8 +284,7 @@ const (
 	EngineSGLang = "sglang"
 )
 
-// maxConfigBytes bounds the file read: a configuration is a few hundred bytes.
-const maxConfigBytes = 1 << 20
+const maxConfigBytes = 1 << 20 // the file read's bound: a configuration is a few hundred bytes
 
 // LoadConfig reads and parses the config file at path (see ParseConfig).
 func LoadConfig(path string) (Config, error) {
@@ -419,11 +296,10 @@ func LoadConfig(path string) (Config, error) {
 	return ParseConfig(f)
 }
 
-// ParseConfig reads and validates a YAML configuration. Decoding is strict:
-// an unknown field, a duplicate key or a value of the wrong type (a fraction
-// for a whole number included) is an error naming the field's path, its line,
-// the value as written and what the field takes (decode.go); a semantic
-// error names the field's path (and its line when the field was written).
+// ParseConfig reads and validates a YAML configuration shaped like llm-d's
+// EndpointPickerConfig (examples/proxy/config.yaml); the band of highest
+// priority is band 0. The first problem ends the parse with an error naming
+// the field's path and line.
 func ParseConfig(r io.Reader) (cfg Config, err error) {
 	data, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
 	if err != nil {
@@ -435,7 +311,10 @@ func ParseConfig(r io.Reader) (cfg Config, err error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root, extra yaml.Node
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, syntaxError(err, data)
+		return Config{}, syntaxError(err)
+	}
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return Config{}, errors.New("proxy: config: more than one YAML document") // else silently ignored
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -446,49 +325,10 @@ func ParseConfig(r io.Reader) (cfg Config, err error) {
 			cfg, err = Config{}, ce.error
 		}
 	}()
-	p := &parser{keys: map[string]*yaml.Node{}, seen: map[aliasUse]bool{}}
-	var fc fileConfig
+	p := &parser{keys: map[string]*yaml.Node{}}
+	fc := fileConfig{SaturationDetector: DefaultConfig().Saturation}
 	p.decode(&root, "", &fc)
-	// A second document would be silently ignored: refuse it.
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return Config{}, errors.New("proxy: config: more than one YAML document")
-	}
 	return p.resolve(&fc), nil
-}
-
-func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
-
-// Plugin types flowgate reads beside the usage-limit policies.
-const (
-	detectorUtilization = "utilization-detector"
-	detectorConcurrency = "concurrency-detector"
-)
-
-// llm-d's fairness and ordering policy types, and the flowcontrol policy
-// each maps to. program-aware-fairness (least attained service on tokens,
-// decayed with a 60 s half-life) maps to fair-share (start-time fair
-// queuing on tokens, no decay) with a warning; slo-deadline-ordering-policy
-// and edf-ordering-policy both map to edf, whose deadline is the request's
-// x-llm-d-slo-ttft-ms if it has one, else its max wait.
-const (
-	fairnessDefault      = "global-strict-fairness-policy"
-	fairnessRoundRobin   = "round-robin-fairness-policy"
-	fairnessProgramAware = "program-aware-fairness"
-	orderingDefault      = "fcfs-ordering-policy"
-	orderingEDF          = "edf-ordering-policy"
-	orderingSLO          = "slo-deadline-ordering-policy"
-)
-
-var llmdFairness = map[string]string{
-	fairnessDefault:      flowcontrol.FairnessFCFS,
-	fairnessRoundRobin:   flowcontrol.FairnessRoundRobin,
-	fairnessProgramAware: flowcontrol.FairnessShare,
-}
-
-var llmdOrdering = map[string]string{
-	orderingDefault: flowcontrol.OrderingFCFS,
-	orderingEDF:     flowcontrol.OrderingEDF,
-	orderingSLO:     flowcontrol.OrderingEDF,
 }
 
 // resolve validates the decoded document and fills the defaults.
@@ -499,47 +339,23 @@ func (p *parser) resolve(fc *fileConfig) Config {
 			p.warn("%s: ignored (flowgate orders requests; it does not pick endpoints)", p.at(section))
 		}
 	}
-	d := p.plugins(fc.Plugins)
+	policies, detectors, queueing := p.plugins(fc.Plugins)
 	fcf := &fc.FlowControl
 	const refPath = "flowControl.usageLimitPolicyPluginRef"
-	ref := fcf.UsageLimitPolicyPluginRef
-	switch r, ok := d.policies[ref]; {
-	case ref == "":
-	case ok:
+	if ref := fcf.UsageLimitPolicyPluginRef; ref != "" {
+		r, ok := policies[ref]
+		p.check(ok || ref != policyHoldback, refPath, // llm-d has no default minCeiling either
+			"%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
+		p.check(ok, refPath, "%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
 		cfg.Policy = r
-	case ref == policyStatic:
-		cfg.Policy = PolicyRef{Type: policyStatic, Threshold: 1.0}
-	case ref == policySoftReflective:
-		cfg.Policy = PolicyRef{Type: policySoftReflective}
-	case ref == policyHoldback: // llm-d has no default minCeiling either
-		p.fail(refPath, "%s has no default minCeiling: declare it under plugins with parameters.minCeiling and name that plugin here", policyHoldback)
-	default:
-		p.fail(refPath, "%q is neither a declared policy plugin nor a policy type (%s, %s, %s)", ref, policyStatic, policySoftReflective, policyHoldback)
 	}
-	p.saturationDetector(&fc.SaturationDetector, fcf, d.detectors)
-	p.bands(&cfg, fcf, d.queueing)
-	if v := fcf.Tick; v != nil {
-		p.check(*v >= flowcontrol.MinTick && *v <= time.Second, "flowControl.tick", "must be in [%v, 1s], got %v", flowcontrol.MinTick, *v)
-		cfg.Tick = *v
-	}
-	if v := fcf.Burst; v != nil {
-		p.check(*v > 0 && *v <= 1<<20, "flowControl.burst", "must be in 1..%d, got %d", 1<<20, *v)
-		cfg.Burst = *v
-	}
-	switch v := fcf.BodyPriority; v {
-	case "":
-	case BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet:
-		cfg.BodyPriority = v
-	default:
-		p.fail("flowControl.bodyPriority", "must be %s, %s, %s or %s, got %q", BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet, v)
-	}
-	if v := fcf.CriticalKVHeadroom; v != nil {
-		p.check(finite(*v) && *v >= 0 && *v <= 1, "flowControl.criticalKVHeadroom", "must be in [0, 1] (0: off), got %v", *v)
-		cfg.CriticalKVHeadroom = new(*v)
-	}
-	p.saturation(&cfg.Saturation, fc.SaturationDetector)
+	cfg.Saturation = p.saturation(fc.SaturationDetector, fcf.SaturationDetector.PluginRef, detectors)
+	p.bands(&cfg, fcf, queueing)
+	p.oneOf(fcf.BodyPriority, "flowControl.bodyPriority", BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet)
+	cfg.Tick, cfg.Burst, cfg.CriticalKVHeadroom = fcf.Tick, fcf.Burst, fcf.CriticalKVHeadroom
+	cfg.BodyPriority = cmp.Or(fcf.BodyPriority, cfg.BodyPriority)
 	if sh := fc.SharedInFlight; sh != nil {
-		cfg.Shared = p.shared(sh)
+		cfg.Shared = p.shared(*sh)
 	}
 	if cfg.Policy.Type == policyHoldback {
 		prios := make([]int, len(cfg.Bands))
@@ -547,30 +363,24 @@ func (p *parser) resolve(fc *fileConfig) Config {
 			prios[i] = b.Priority
 		}
 		c, err := flowcontrol.HoldbackCeilings(cfg.Policy.Holdback, prios)
-		// holdback checked the parameters and the bands' priorities are
-		// distinct and sorted: not reached unless the two disagree.
-		p.check(err == nil, refPath, "%s: %v", ref, err)
+		p.check(err == nil, refPath, "%v", err) // not reached: holdback and bands checked both
 		cfg.Policy.Ceilings = c
 	}
-	s := cfg.Saturation
-	p.check(s.ScrapeInterval < s.MetricsStalenessThreshold, "saturationDetector.scrapeInterval",
-		"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", s.MetricsStalenessThreshold)
 	cfg.Warnings = p.warnings
 	return cfg
 }
 
-// declared is what the plugins section declares, by plugin name.
-type declared struct {
-	policies  map[string]PolicyRef
-	detectors map[string]fileDetector
-	queueing  map[string]string // fairness and ordering plugins: their type
+// oneOf checks that v is "" or one of valid.
+func (p *parser) oneOf(v, path string, valid ...string) {
+	p.check(v == "" || slices.Contains(valid, v), path, "must be %s or %s, got %q",
+		strings.Join(valid[:len(valid)-1], ", "), valid[len(valid)-1], v)
 }
 
-// plugins reads the plugins section: names unique; policy types checked
-// strictly; llm-d's utilization detector read; anything else ignored with a
-// warning.
-func (p *parser) plugins(plugins []filePlugin) declared {
-	d := declared{map[string]PolicyRef{}, map[string]fileDetector{}, map[string]string{}}
+// plugins reads the plugins section (types flowgate does not use: a warning)
+// into policies (and policy types), detectors and queueing plugins' types.
+func (p *parser) plugins(plugins []filePlugin) (policies map[string]PolicyRef, detectors map[string]fileDetector, queueing map[string]string) {
+	policies = map[string]PolicyRef{policyStatic: {Type: policyStatic, Threshold: 1.0}, policySoftReflective: {Type: policySoftReflective}}
+	detectors, queueing = map[string]fileDetector{}, map[string]string{}
 	seen := map[string]bool{}
 	for i, pl := range plugins {
 		path := fmt.Sprintf("plugins[%d]", i)
@@ -579,108 +389,90 @@ func (p *parser) plugins(plugins []filePlugin) declared {
 		name := cmp.Or(pl.Name, pl.Type)
 		p.check(!seen[name], path+".name", "duplicate plugin name %q", name)
 		seen[name] = true
-		switch pl.Type {
-		case policyStatic:
-			var sp struct {
-				Threshold *float64 `yaml:"threshold"`
-			}
+		switch _, fairness := llmdFairness[pl.Type]; {
+		case pl.Type == policyStatic:
+			sp := struct {
+				Threshold float64 `yaml:"threshold" in:"(0, +Inf)"`
+			}{1.0}
 			p.decode(&pl.Parameters, params, &sp)
-			ref := PolicyRef{Type: policyStatic, Threshold: 1.0}
-			if t := sp.Threshold; t != nil {
-				p.check(finite(*t) && *t > 0, params+".threshold", "must be a finite number > 0, got %v", *t)
-				ref.Threshold = *t
-			}
-			d.policies[name] = ref
-		case policyHoldback:
-			d.policies[name] = PolicyRef{Type: policyHoldback, Holdback: p.holdback(&pl.Parameters, params)}
-		case policySoftReflective:
-			if n := &pl.Parameters; n.Kind == yaml.MappingNode && len(n.Content) > 0 {
-				k := n.Content[0]
-				p.keys[params+"."+k.Value] = k
-				p.fail(params+"."+k.Value, "%s takes no %s (it has no free parameter)", policySoftReflective, k.Value)
-			}
-			d.policies[name] = PolicyRef{Type: policySoftReflective}
-		case detectorUtilization:
+			policies[name] = PolicyRef{Type: policyStatic, Threshold: sp.Threshold}
+		case pl.Type == policyHoldback:
+			policies[name] = PolicyRef{Type: policyHoldback, Holdback: p.holdback(&pl.Parameters, params)}
+		case pl.Type == policySoftReflective:
+			p.decode(&pl.Parameters, params, &struct{}{}) // it has no parameter
+			policies[name] = PolicyRef{Type: policySoftReflective}
+		case pl.Type == detectorUtilization:
 			var det fileDetector
 			p.decode(&pl.Parameters, params, &det)
-			d.detectors[name] = det
-		case fairnessDefault, fairnessRoundRobin, fairnessProgramAware, orderingDefault, orderingEDF, orderingSLO:
-			d.queueing[name] = pl.Type
+			detectors[name] = det
+		case fairness || llmdOrdering[pl.Type] != "":
+			queueing[name] = pl.Type
 		default:
 			p.warn("%s: plugin type %q ignored (flowgate implements %s, %s, %s and %s)", p.at(path),
 				pl.Type, policyStatic, policySoftReflective, policyHoldback, detectorUtilization)
 		}
 	}
-	return d
+	return policies, detectors, queueing
 }
 
-// saturationDetector fills the thresholds sd leaves unset from the
-// utilization-detector flowControl.saturationDetector names (or the only one
-// declared), and warns of its parameters flowgate does not apply.
-func (p *parser) saturationDetector(sd *fileSaturationDetector, fcf *fileFlowControl, detectors map[string]fileDetector) {
-	var det *fileDetector
-	if sdr := fcf.SaturationDetector; sdr != nil && sdr.PluginRef != "" {
-		d, ok := detectors[sdr.PluginRef]
-		p.check(ok, "flowControl.saturationDetector.pluginRef", "%q is not a declared %s plugin (flowgate has no %s)",
-			sdr.PluginRef, detectorUtilization, detectorConcurrency)
-		det = &d
-	} else if len(detectors) == 1 {
-		for _, d := range detectors {
-			det = &d
-		}
+// saturation resolves the poller's settings: the saturationDetector section
+// over those of the utilization-detector ref names (or the only one
+// declared), over the defaults.
+func (p *parser) saturation(s SaturationConfig, ref string, detectors map[string]fileDetector) SaturationConfig {
+	const at = "saturationDetector."
+	det, ok := detectors[ref]
+	p.check(ok || ref == "", "flowControl.saturationDetector.pluginRef", "%q is not a declared %s plugin (flowgate has no %s)",
+		ref, detectorUtilization, detectorConcurrency)
+	if ref == "" && len(detectors) == 1 {
+		det, ok = slices.Collect(maps.Values(detectors))[0], true
 	}
-	if det == nil {
-		return
-	}
-	if det.StalenessPolicy != "" && det.StalenessPolicy != "saturated" {
+	if ok && det.StalenessPolicy != "" && det.StalenessPolicy != "saturated" {
 		p.warn("%s stalenessPolicy %q ignored: a stale pod reads saturated", detectorUtilization, det.StalenessPolicy)
 	}
-	if det.Headroom != nil && *det.Headroom != 0 {
-		p.warn("%s headroom %v ignored", detectorUtilization, *det.Headroom)
+	if ok && det.Headroom != 0 {
+		p.warn("%s headroom %v ignored", detectorUtilization, det.Headroom)
 	}
-	sd.QueueDepthThreshold = cmp.Or(sd.QueueDepthThreshold, det.QueueDepthThreshold)
-	sd.KVCacheUtilThreshold = cmp.Or(sd.KVCacheUtilThreshold, det.KVCacheUtilThreshold)
-	sd.MetricsStalenessThreshold = cmp.Or(sd.MetricsStalenessThreshold, det.MetricsStalenessThreshold)
+	if v := det.QueueDepthThreshold; v != nil && p.keys[at+"queueDepthThreshold"] == nil {
+		s.QueueDepthThreshold = *v
+	}
+	if v := det.KVCacheUtilThreshold; v != nil && p.keys[at+"kvCacheUtilThreshold"] == nil {
+		s.KVCacheUtilThreshold = *v
+	}
+	if v := det.MetricsStalenessThreshold; v != nil && p.keys[at+"metricsStalenessThreshold"] == nil {
+		s.MetricsStalenessThreshold = *v
+	}
+	p.check(s.ScrapeInterval < s.MetricsStalenessThreshold, at+"scrapeInterval",
+		"must be shorter than metricsStalenessThreshold (%v), or every pod reads as stale", s.MetricsStalenessThreshold)
+	p.oneOf(s.Engine, at+"engine", EngineVLLM, EngineSGLang)
+	s.Engine = cmp.Or(s.Engine, EngineVLLM)
+	return s
 }
 
-// bands resolves the bands, the default band and the objectives: the bands of
-// priorityBands, or flowgate's default ones, each under llm-d's band
-// template (defaultPriorityBand) and global limits (maxRequests, maxBytes,
-// defaultRequestTTL).
+// bands resolves the bands (priorityBands, or the default ones, under llm-d's
+// band template and global limits), the default band and the objectives.
 func (p *parser) bands(cfg *Config, fcf *fileFlowControl, queueing map[string]string) {
 	globalReqs := p.quantity(&fcf.MaxRequests, "flowControl.maxRequests")
 	globalBytes := p.quantity(&fcf.MaxBytes, "flowControl.maxBytes")
 	if globalReqs != nil || globalBytes != nil {
 		p.warn("flowControl.maxRequests/maxBytes: applied per band (no band exceeds them); flowgate has no limit shared by the bands")
 	}
-	if v := fcf.DefaultRequestTTL; v != nil {
-		p.check(*v >= 0, "flowControl.defaultRequestTTL", "must not be negative, got %v", *v)
-	}
 	const tp = "flowControl.defaultPriorityBand"
 	var tmpl fileQueue
-	var tmplQueue Band // the template's fairness, ordering and flow capacity
 	defaultBand := ""
-	switch n := &fcf.DefaultPriorityBand; n.Kind {
-	case 0:
-	case yaml.ScalarNode:
+	if n := &fcf.DefaultPriorityBand; n.Kind == yaml.ScalarNode {
 		defaultBand = n.Value
-	case yaml.MappingNode:
-		p.decode(n, tp, &tmpl)
-		tmplQueue = p.queueing(tmpl, tp, queueing, Band{})
-	default:
-		p.fail(tp, "must be a band name or a band template")
+	} else {
+		p.decode(n, tp, &tmpl) // a band template (absent: nothing)
 	}
+	tmplQueue := p.queueing(tmpl, tp, queueing, Band{}) // its fairness, ordering and flow capacity
 	tmplReqs := p.quantity(&tmpl.MaxRequests, tp+".maxRequests")
 	tmplBytes := p.quantity(&tmpl.MaxBytes, tp+".maxBytes")
 
 	if fcf.PriorityBands == nil {
-		// flowgate's default bands take the template's fairness, ordering
-		// and flow capacity (and the default request TTL).
+		// The default bands take the template's queueing and the default TTL.
 		for i := range cfg.Bands {
 			b := &cfg.Bands[i]
-			if w := fcf.DefaultRequestTTL; w != nil {
-				b.MaxWait = *w
-			}
+			b.MaxWait = *cmp.Or(fcf.DefaultRequestTTL, &b.MaxWait)
 			b.Fairness, b.Ordering, b.FlowCapacity = tmplQueue.Fairness, tmplQueue.Ordering, tmplQueue.FlowCapacity
 			p.checkFlowCapacity(*b, tp+".flowCapacity")
 		}
@@ -702,9 +494,8 @@ func (p *parser) bands(cfg *Config, fcf *fileFlowControl, queueing map[string]st
 			band.Name, band.Priority, band.Capacity, band.MaxBytes = name, *b.Priority, defaultBandCapacity, DefaultBandBytes
 
 			reqs, capPath := p.quantity(&b.MaxRequests, path+".maxRequests"), path+".capacity"
+			p.check(b.Capacity == nil || reqs == nil, path+".maxRequests", "capacity and maxRequests are one setting: give one")
 			switch {
-			case b.Capacity != nil && reqs != nil:
-				p.fail(path+".maxRequests", "capacity and maxRequests are one setting: give one")
 			case b.Capacity != nil:
 				reqs = new(int64(*b.Capacity))
 			case reqs != nil:
@@ -726,20 +517,9 @@ func (p *parser) bands(cfg *Config, fcf *fileFlowControl, queueing map[string]st
 			if globalBytes != nil && *globalBytes > 0 && (bytes == nil || *bytes == 0 || *bytes > *globalBytes) {
 				bytes = globalBytes
 			}
-			if bytes != nil {
-				band.MaxBytes = *bytes // 0: no budget
-			}
-			if w := b.MaxWait; w != nil {
-				p.check(*w >= 0, path+".maxWait", "must not be negative, got %v", *w)
-			}
-			if w := cmp.Or(b.MaxWait, fcf.DefaultRequestTTL); w != nil {
-				band.MaxWait = *w
-			}
-			fcPath := tp + ".flowCapacity"
-			if b.FlowCapacity != nil {
-				fcPath = path + ".flowCapacity"
-			}
-			p.checkFlowCapacity(band, fcPath)
+			band.MaxBytes = *cmp.Or(bytes, &band.MaxBytes) // 0: no budget
+			band.MaxWait = *cmp.Or(b.MaxWait, fcf.DefaultRequestTTL, &band.MaxWait)
+			p.checkFlowCapacity(band, map[bool]string{true: path, false: tp}[b.FlowCapacity != nil]+".flowCapacity")
 			cfg.Bands = append(cfg.Bands, band)
 		}
 		slices.SortStableFunc(cfg.Bands, func(a, b Band) int { return cmp.Compare(b.Priority, a.Priority) })
@@ -755,128 +535,52 @@ func (p *parser) bands(cfg *Config, fcf *fileFlowControl, queueing map[string]st
 	}
 }
 
-// saturation applies the saturationDetector section to the poller's settings.
-func (p *parser) saturation(s *SaturationConfig, sd fileSaturationDetector) {
-	const at = "saturationDetector."
-	if v := sd.QueueDepthThreshold; v != nil {
-		p.check(finite(*v) && *v > 0, at+"queueDepthThreshold", "must be a finite number > 0, got %v", *v)
-		s.QueueDepthThreshold = *v
-	}
-	if v := sd.KVCacheUtilThreshold; v != nil {
-		p.check(finite(*v) && *v > 0 && *v <= 1, at+"kvCacheUtilThreshold", "must be in (0, 1], got %v", *v)
-		s.KVCacheUtilThreshold = *v
-	}
-	if v := sd.MetricsStalenessThreshold; v != nil {
-		p.check(*v >= saturation.MinStaleness && *v <= saturation.MaxStaleness, at+"metricsStalenessThreshold",
-			"must be in [%v, %v], got %v", saturation.MinStaleness, saturation.MaxStaleness, *v)
-		s.MetricsStalenessThreshold = *v
-	}
-	if v := sd.ScrapeInterval; v != nil {
-		p.check(*v >= saturation.MinInterval && *v <= saturation.MaxInterval, at+"scrapeInterval",
-			"must be in [%v, %v], got %v", saturation.MinInterval, saturation.MaxInterval, *v)
-		s.ScrapeInterval = *v
-	}
-	if v := sd.InFlightCredit; v != nil {
-		s.InFlightCredit = *v
-	}
-	switch sd.Engine {
-	case "":
-	case EngineVLLM, EngineSGLang:
-		s.Engine = sd.Engine
-	default:
-		p.fail(at+"engine", "must be %s or %s, got %q", EngineVLLM, EngineSGLang, sd.Engine)
-	}
-}
-
-// shared resolves the sharedInFlight section; SharedConfig.Validate states
-// the rules, bar the replica's name, which may come from -replica-id.
-func (p *parser) shared(sh *fileSharedInFlight) SharedConfig {
-	p.check(sh.Address != "" || sh.URL != "", "sharedInFlight.address",
+// shared checks the sharedInFlight section but for the replica's name, which
+// may come from -replica-id.
+func (p *parser) shared(s SharedConfig) SharedConfig {
+	p.check(s.Enabled(), "sharedInFlight.address",
 		"required in a sharedInFlight section: the Redis host:port, or url: a redis:// or rediss:// URL")
-	s := SharedConfig{Address: sh.Address, URL: sh.URL, Mode: sh.Mode, ReplicaID: sh.ReplicaID}
-	if v := sh.Period; v != nil {
-		p.check(*v > 0, "sharedInFlight.period", "must be > 0, got %v", *v)
-		s.Period = *v
-	}
-	if v := sh.TTL; v != nil {
-		p.check(*v > 0, "sharedInFlight.ttl", "must be > 0, got %v", *v)
-		s.TTL = *v
-	}
 	chk := s
 	chk.ReplicaID = cmp.Or(chk.ReplicaID, "-")
 	if err := chk.Validate(SharedFileFields); err != nil {
 		field, msg, _ := strings.Cut(err.Error(), ": ") // Validate's message starts with the field
-		p.fail(field, "%s", msg)
+		p.check(false, field, "%s", msg)
 	}
 	s.Period, s.TTL = chk.Period, chk.TTL // the defaults Validate filled
 	return s
 }
 
-// quantity reads an optional quantity node at path (a maxRequests, a count
-// of requests, or a maxBytes, of bytes); nil if absent.
-func (p *parser) quantity(n *yaml.Node, path string) *int64 {
-	if n.Kind == 0 {
-		return nil
-	}
-	p.check(n.Kind == yaml.ScalarNode, path, "must be a quantity such as 500, \"1k\" or \"10Gi\", not %s", describeNode(n))
-	unit := "requests"
-	if strings.HasSuffix(path, "maxBytes") {
-		unit = "bytes"
-	}
-	v, err := parseQuantity(n.Value, unit)
-	p.check(err == nil, path, "%v", err)
-	return &v
-}
-
-// queueing resolves a band's fairness, ordering and flow capacity from
-// flowgate's keys (fairness, ordering, flowCapacity) and llm-d's references
-// (fairnessPolicyRef, orderingPolicyRef: a declared plugin's name or a policy
-// type), over the template's; the two spellings of one setting must agree.
+// queueing resolves a band's fairness, ordering and flow capacity over tmpl's.
 func (p *parser) queueing(q fileQueue, path string, plugins map[string]string, tmpl Band) Band {
-	out := tmpl
-	for _, f := range []struct {
-		native, ref, nativeField, refField string
-		table                              map[string]string
-		valid                              []string
-		dst                                *string
-	}{
-		{q.Fairness, q.FairnessPolicyRef, "fairness", "fairnessPolicyRef", llmdFairness,
-			[]string{flowcontrol.FairnessFCFS, flowcontrol.FairnessRoundRobin, flowcontrol.FairnessShare}, &out.Fairness},
-		{q.Ordering, q.OrderingPolicyRef, "ordering", "orderingPolicyRef", llmdOrdering,
-			[]string{flowcontrol.OrderingFCFS, flowcontrol.OrderingEDF}, &out.Ordering},
-	} {
-		v := ""
-		if f.ref != "" {
-			typ := cmp.Or(plugins[f.ref], f.ref)
-			var ok bool
-			v, ok = f.table[typ]
-			p.check(ok, path+"."+f.refField, "%q is neither a declared plugin of, nor one of, the types %s",
-				f.ref, strings.Join(slices.Sorted(maps.Keys(f.table)), ", "))
-			if typ == fairnessProgramAware {
-				p.warn("%s: %q is approximated by flowgate's fair-share (start-time fair queuing on prompt + output tokens, without the 60 s decay)",
-					p.at(path+"."+f.refField), f.ref)
-			}
-		}
-		if f.native != "" {
-			at := path + "." + f.nativeField
-			p.check(slices.Contains(f.valid, f.native), at, "%q must be one of %s", f.native, strings.Join(f.valid, ", "))
-			p.check(v == "" || v == f.native, at, "%q contradicts %s %q (%s): give one", f.native, f.refField, f.ref, v)
-			v = f.native
-		}
-		if v != "" {
-			*f.dst = v
-		}
-	}
-	if c := q.FlowCapacity; c != nil {
-		p.check(*c >= 0 && *c <= MaxBandCapacity, path+".flowCapacity", "must be in 0..%d (0: no per-flow bound), got %d", MaxBandCapacity, *c)
-		out.FlowCapacity = *c
-	}
-	return out
+	tmpl.Fairness = p.policy(tmpl.Fairness, q.Fairness, q.FairnessPolicyRef, path, "fairness", llmdFairness, plugins)
+	tmpl.Ordering = p.policy(tmpl.Ordering, q.Ordering, q.OrderingPolicyRef, path, "ordering", llmdOrdering, plugins)
+	tmpl.FlowCapacity = *cmp.Or(q.FlowCapacity, &tmpl.FlowCapacity)
+	return tmpl
 }
 
-// checkFlowCapacity applies flowcontrol's rules for a per-flow bound to a
-// resolved band, naming the field at path: at most the band's capacity, and
-// only on a band that has flows.
+// policy resolves a band's fairness or ordering (key), v unless written:
+// flowgate's key (native) or llm-d's reference (ref, at keyPolicyRef: a
+// declared plugin's name or a policy type of table). The two must agree.
+func (p *parser) policy(v, native, ref, path, key string, table, plugins map[string]string) string {
+	if at := path + "." + key + "PolicyRef"; ref != "" {
+		typ := cmp.Or(plugins[ref], ref)
+		var ok bool
+		v, ok = table[typ]
+		p.check(ok, at, "%q is neither a declared plugin of, nor one of, the types %s", ref, strings.Join(slices.Sorted(maps.Keys(table)), ", "))
+		if typ == fairnessProgramAware {
+			p.warn("%s: %q is approximated by flowgate's fair-share (start-time fair queuing on prompt + output tokens, without the 60 s decay)", p.at(at), ref)
+		}
+	}
+	if native != "" {
+		valid := slices.Compact(slices.Sorted(maps.Values(table)))
+		p.check(slices.Contains(valid, native), path+"."+key, "%q must be one of %s", native, strings.Join(valid, ", "))
+		p.check(ref == "" || v == native, path+"."+key, "%q contradicts %sPolicyRef %q (%s): give one", native, key, ref, v)
+		v = native
+	}
+	return v
+}
+
+// checkFlowCapacity applies flowcontrol's rules for a per-flow bound.
 func (p *parser) checkFlowCapacity(b Band, path string) {
 	if b.FlowCapacity == 0 {
 		return
@@ -903,102 +607,50 @@ func (p *parser) checkBandName(name, path string) {
 	}
 }
 
-// holdback reads priority-holdback-policy's parameters as llm-d does: shape
-// (linear), domain (rank, value or explicit; default rank), minCeiling
-// (required, in [0, 1)) and maxCeiling (default 1, in (0, 1], above
-// minCeiling), or with domain explicit only ceilings (priority → ceiling in
-// [0, 1], not increasing as priority falls).
+// holdback reads priority-holdback-policy's parameters as llm-d does
+// (flowcontrol.HoldbackConfig.Validate), minCeiling required.
 func (p *parser) holdback(n *yaml.Node, path string) flowcontrol.HoldbackConfig {
 	var params struct {
-		Shape      *string   `yaml:"shape"`
-		Domain     *string   `yaml:"domain"`
-		MinCeiling *float64  `yaml:"minCeiling"`
-		MaxCeiling *float64  `yaml:"maxCeiling"`
-		Ceilings   yaml.Node `yaml:"ceilings"` // read below: its keys are priorities
+		Shape      string             `yaml:"shape"`
+		Domain     string             `yaml:"domain"`
+		MinCeiling *float64           `yaml:"minCeiling" in:"[0, 1)"`
+		MaxCeiling *float64           `yaml:"maxCeiling" in:"(0, 1]"`
+		Ceilings   map[string]float64 `yaml:"ceilings" in:"[0, 1]"` // keys: priorities, as JSON writes them
 	}
 	p.decode(n, path, &params)
-	ceilings := p.holdbackCeilings(&params.Ceilings, path+".ceilings")
-	h := flowcontrol.HoldbackConfig{Domain: flowcontrol.HoldbackRank}
-	if d := params.Domain; d != nil {
-		h.Domain = *d
-		p.check(slices.Contains([]string{flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit}, *d), path+".domain",
-			"must be %s, %s or %s, got %q", flowcontrol.HoldbackRank, flowcontrol.HoldbackValue, flowcontrol.HoldbackExplicit, *d)
-	}
-	if h.Domain == flowcontrol.HoldbackExplicit {
-		for i, set := range []bool{params.Shape != nil, params.MinCeiling != nil, params.MaxCeiling != nil} {
-			key := []string{"shape", "minCeiling", "maxCeiling"}[i]
-			p.check(!set, path+"."+key, "must not be set with domain %s (the ceilings are given)", flowcontrol.HoldbackExplicit)
+	h := flowcontrol.HoldbackConfig{Domain: cmp.Or(params.Domain, flowcontrol.HoldbackRank)}
+	for _, k := range slices.Sorted(maps.Keys(params.Ceilings)) {
+		prio, err := strconv.Atoi(k)
+		_, dup := h.Ceilings[prio]
+		p.check(err == nil && !dup, path+".ceilings."+k, "a key of ceilings is a priority, a whole number, given once")
+		if h.Ceilings == nil {
+			h.Ceilings = map[int]float64{}
 		}
-		p.check(len(ceilings) > 0, path+".ceilings", "required with domain %s (a map of priority to ceiling)", flowcontrol.HoldbackExplicit)
-		prios := slices.Sorted(maps.Keys(ceilings))
-		for i := len(prios) - 2; i >= 0; i-- {
-			lo, hi := prios[i], prios[i+1]
-			p.check(ceilings[lo] <= ceilings[hi], fmt.Sprintf("%s.ceilings.%d", path, lo),
-				"%v is above the ceiling of the higher priority %d (%v): ceilings must not increase as priority falls", ceilings[lo], hi, ceilings[hi])
-		}
-		h.Ceilings = ceilings
-		return h
+		h.Ceilings[prio] = params.Ceilings[k]
 	}
-	p.check(params.Ceilings.Kind == 0, path+".ceilings", "only with domain %s", flowcontrol.HoldbackExplicit)
-	if sh := params.Shape; sh != nil {
-		p.check(*sh == flowcontrol.HoldbackLinear, path+".shape", "must be %s (the only shape), got %q", flowcontrol.HoldbackLinear, *sh)
+	explicit := h.Domain == flowcontrol.HoldbackExplicit
+	p.check(!explicit || params.MinCeiling == nil, path+".minCeiling", "must not be set with domain %s", flowcontrol.HoldbackExplicit)
+	p.check(!explicit || params.MaxCeiling == nil, path+".maxCeiling", "must not be set with domain %s", flowcontrol.HoldbackExplicit)
+	p.check(explicit || params.MinCeiling != nil, path+".minCeiling", "required (the lowest band's ceiling, in [0, 1): llm-d has no default)")
+	if !explicit {
+		h.MinCeiling, h.MaxCeiling = *params.MinCeiling, *cmp.Or(params.MaxCeiling, new(flowcontrol.DefaultHoldbackMaxCeiling))
 	}
-	if params.MinCeiling == nil {
-		// Named at the parameters (or the plugin, without any): the key
-		// itself is not there to point at.
-		at := path
-		if n.Kind == 0 {
-			at = strings.TrimSuffix(path, ".parameters")
-		}
-		p.fail(at, "minCeiling is required (the lowest band's ceiling, in [0, 1): llm-d has no default)")
+	chk := h
+	chk.Shape = params.Shape               // checked, not kept: linear is the only shape
+	if err := chk.Validate(); err != nil { // "...: priority-holdback-policy key: message", key such as ceilings[100]
+		_, msg, _ := strings.Cut(err.Error(), policyHoldback+" ")
+		key, msg, _ := strings.Cut(msg, ": ")
+		p.check(false, path+"."+strings.NewReplacer("[", ".", "]", "").Replace(key), "%s", msg)
 	}
-	h.MinCeiling, h.MaxCeiling = *params.MinCeiling, flowcontrol.DefaultHoldbackMaxCeiling
-	p.check(h.MinCeiling >= 0 && h.MinCeiling < 1, path+".minCeiling", "must be in [0, 1), got %v", h.MinCeiling)
-	if v := params.MaxCeiling; v != nil {
-		p.check(*v > 0 && *v <= 1, path+".maxCeiling", "must be in (0, 1], got %v", *v)
-		h.MaxCeiling = *v
-	}
-	p.check(h.MinCeiling < h.MaxCeiling, path+".minCeiling", "%v must be below maxCeiling (%v)", h.MinCeiling, h.MaxCeiling)
 	return h
 }
 
-// holdbackCeilings reads explicit ceilings: a mapping of priority (a whole
-// number) to ceiling (a number in [0, 1]); nil if absent.
-func (p *parser) holdbackCeilings(n *yaml.Node, path string) map[int]float64 {
-	if n.Kind == 0 {
-		return nil
-	}
-	p.check(n.Kind == yaml.MappingNode, path, "must be a mapping of priority to ceiling, such as {100: 0.9, 0: 0.4}, not %s", describeNode(n))
-	m := map[int]float64{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		prio, err := strconv.Atoi(k.Value)
-		at := path + "." + k.Value
-		p.keys[at] = k
-		p.check(k.Kind == yaml.ScalarNode && err == nil, at, "a key of ceilings is a priority, a whole number")
-		at = fmt.Sprintf("%s.%d", path, prio)
-		p.keys[at] = k
-		_, dup := m[prio]
-		p.check(!dup, at, "priority %d given twice", prio)
-		c, err := strconv.ParseFloat(v.Value, 64)
-		p.check(v.Kind == yaml.ScalarNode && err == nil && c >= 0 && c <= 1, at, "must be a number in [0, 1], got %q", v.Value)
-		m[prio] = c
-	}
-	return m
-}
-
-// defaultObjectives maps every band's own name to it, plus "critical" to
-// band 0 and "sheddable" to the last band unless a band already has that name.
+// defaultObjectives maps every band's own name to it, and "critical" and
+// "sheddable", unless bands have those names, to the first and last band.
 func defaultObjectives(bands []Band) map[string]int {
-	m := map[string]int{}
+	m := map[string]int{"critical": 0, "sheddable": len(bands) - 1}
 	for i, b := range bands {
 		m[b.Name] = i
-	}
-	if _, ok := m["critical"]; !ok {
-		m["critical"] = 0
-	}
-	if _, ok := m["sheddable"]; !ok {
-		m["sheddable"] = len(bands) - 1
 	}
 	return m
 }

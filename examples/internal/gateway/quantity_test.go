@@ -112,24 +112,25 @@ func TestParseQuantityGrammar(t *testing.T) {
 
 // TestParseQuantityMessages: a refusal says why, in the field's unit.
 func TestParseQuantityMessages(t *testing.T) {
+	const forms = ": quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi"
 	for _, tc := range []struct{ in, unit, want string }{
-		{"500m", "bytes", `"500m" is 0.5 bytes, not a whole number (m is milli, a thousandth: a million is M, 2^20 is Mi)`},
+		{"500m", "bytes", `"500m" is not a whole number of bytes`},
 		{"0.5", "requests", `"0.5" is not a whole number of requests`},
-		{"1.1Ki", "bytes", `"1.1Ki" is 1126.4 bytes, not a whole number`},
-		{"5u", "requests", `"5u" is 0.000005 requests, not a whole number (u is micro, a millionth)`},
+		{"1.1Ki", "bytes", `"1.1Ki" is not a whole number of bytes`},
+		{"5u", "requests", `"5u" is not a whole number of requests`},
 		{"1e-40", "requests", `"1e-40" is not a whole number of requests`},
 		{"-1Gi", "bytes", `"-1Gi" is negative: a number of bytes is 0 or more`},
 		{"8Ei", "bytes", `"8Ei" is too large: at most 4611686018427387903 bytes (2^62 − 1)`},
-		{"lots", "requests", `"lots" is not a quantity: it does not start with a number (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"", "requests", `"" is not a quantity: empty (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1GB", "bytes", `"1GB" is not a quantity: unknown suffix "GB": a quantity's suffix has no B (G is 10^9, Gi is 2^30) (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1GiB", "bytes", `"1GiB" is not a quantity: unknown suffix "GiB": a quantity's suffix has no B (Gi is 2^30) (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1KB", "bytes", `"1KB" is not a quantity: unknown suffix "KB": a quantity's suffix has no B (k is 10^3, Ki is 2^10) (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1gi", "bytes", `"1gi" is not a quantity: unknown suffix "gi": suffixes are case-sensitive (did you mean Gi?) (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"2K", "requests", `"2K" is not a quantity: unknown suffix "K": suffixes are case-sensitive (did you mean k, 10^3, or Ki, 2^10?) (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1 Gi", "bytes", `"1 Gi" is not a quantity: no space may stand between the number and its suffix "Gi" (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1e1.5", "requests", `"1e1.5" is not a quantity: the exponent after e must be a whole number (1e3, 5e-1), not "1.5" (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
-		{"1x", "requests", `"1x" is not a quantity: unknown suffix "x" (a quantity's suffix is one of Ki Mi Gi Ti Pi Ei, n u m k M G T P E, or an exponent such as e3) (quantities are written like 500, 1k, 1e3, 1.5Gi or 512Mi)`},
+		{"lots", "requests", `"lots" is not a quantity` + forms},
+		{"", "requests", `"" is not a quantity` + forms},
+		{"1GB", "bytes", `"1GB" is not a quantity` + forms},
+		{"1GiB", "bytes", `"1GiB" is not a quantity` + forms},
+		{"1KB", "bytes", `"1KB" is not a quantity` + forms},
+		{"1gi", "bytes", `"1gi" is not a quantity` + forms},
+		{"2K", "requests", `"2K" is not a quantity` + forms},
+		{"1 Gi", "bytes", `"1 Gi" is not a quantity` + forms},
+		{"1e1.5", "requests", `"1e1.5" is not a quantity` + forms},
+		{"1x", "requests", `"1x" is not a quantity` + forms},
 	} {
 		_, err := parseQuantity(tc.in, tc.unit)
 		if err == nil || err.Error() != tc.want {
