@@ -9,7 +9,7 @@ import (
 // HoldbackConfig is the configuration of llm-d's priority-holdback-policy:
 // fixed ceilings, from MaxCeiling for the highest band down to MinCeiling for
 // the lowest, spaced by Domain; or, with Domain HoldbackExplicit, given per
-// priority. Validate states the rules; HoldbackCeilings applies them to a
+// priority. Validate states the rules; BandCeilings applies them to a
 // host's bands.
 type HoldbackConfig struct {
 	// Shape is the interpolation curve: "" or HoldbackLinear. It must be
@@ -31,7 +31,7 @@ type HoldbackConfig struct {
 	Ceilings map[int]float64
 }
 
-// Validate checks c on its own (HoldbackCeilings also checks the bands'
+// Validate checks c on its own (BandCeilings also checks the bands'
 // priorities). Errors wrap ErrInvalidConfig and name the parameter as llm-d's
 // configuration does (minCeiling, maxCeiling, ceilings, shape, domain).
 func (c HoldbackConfig) Validate() error {
@@ -95,7 +95,7 @@ func (c HoldbackConfig) maxCeiling() float64 {
 	return c.MaxCeiling
 }
 
-// HoldbackCeilings returns the ceiling of every band under c, band 0 first,
+// BandCeilings returns the ceiling of every band under c, band 0 first,
 // given the bands' priority values (band 0 the highest: strictly
 // decreasing, 1..MaxBands of them). With one band, the rank and value
 // domains give it MaxCeiling (llm-d's single-priority bypass); the explicit
@@ -103,7 +103,7 @@ func (c HoldbackConfig) maxCeiling() float64 {
 // ceiling above that of a band above it (llm-d halts its cycle at the first
 // band held back, so the bands below it are held too). Errors wrap
 // ErrInvalidConfig.
-func HoldbackCeilings(c HoldbackConfig, priorities []int) ([]float64, error) {
+func (c HoldbackConfig) BandCeilings(priorities []int) ([]float64, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -168,7 +168,7 @@ func rankCeiling(lo, hi float64, i, n int) float64 {
 //
 // Built with NewPriorityHoldback (the rank domain, a function of (band,
 // bands) alone) or NewPriorityHoldbackCeilings (one ceiling per band, as
-// HoldbackCeilings computes them for any domain). Gate is pure and total:
+// HoldbackConfig.BandCeilings computes them for any domain). Gate is pure and total:
 // band < 0 is band 0, a band past the last ceiling gets the last.
 type PriorityHoldback struct {
 	lo, hi   float64

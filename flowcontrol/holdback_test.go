@@ -77,7 +77,7 @@ func TestHoldbackCeilingsProperties(t *testing.T) {
 		lo := rapid.Float64Range(0, 0.99).Draw(t, "min")
 		hi := rapid.Float64Range(lo+0.005, 1).Draw(t, "max")
 		cfg := flowcontrol.HoldbackConfig{Domain: domain, MinCeiling: lo, MaxCeiling: hi}
-		cs, err := flowcontrol.HoldbackCeilings(cfg, prios)
+		cs, err := cfg.BandCeilings(prios)
 		if err != nil {
 			t.Fatalf("HoldbackCeilings(%+v, %v): %v", cfg, prios, err)
 		}
@@ -147,7 +147,7 @@ func TestHoldbackExplicit(t *testing.T) {
 		for i, k := range keys {
 			m[k] = vals[i]
 		}
-		cs, err := flowcontrol.HoldbackCeilings(flowcontrol.HoldbackConfig{Domain: flowcontrol.HoldbackExplicit, Ceilings: m}, prios)
+		cs, err := (flowcontrol.HoldbackConfig{Domain: flowcontrol.HoldbackExplicit, Ceilings: m}).BandCeilings(prios)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +216,7 @@ func TestHoldbackConfigErrors(t *testing.T) {
 		{flowcontrol.HoldbackConfig{MinCeiling: 0.5}, []int{0, 10}, "decrease strictly"},
 		{flowcontrol.HoldbackConfig{MinCeiling: 0.5}, []int{5, 5}, "decrease strictly"},
 	} {
-		_, err := flowcontrol.HoldbackCeilings(tc.cfg, tc.prios)
+		_, err := tc.cfg.BandCeilings(tc.prios)
 		if !errors.Is(err, flowcontrol.ErrInvalidConfig) || !strings.HasPrefix(err.Error(), "flowcontrol: ") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("HoldbackCeilings(%+v, %v) = %v, want ErrInvalidConfig naming %q", tc.cfg, tc.prios, err, tc.want)
 		}
@@ -227,20 +227,20 @@ func TestHoldbackConfigErrors(t *testing.T) {
 		}
 	}
 	// llm-d's own examples load: rank 0.4..0.9, and its explicit map.
-	cs, err := flowcontrol.HoldbackCeilings(flowcontrol.HoldbackConfig{Shape: "linear", Domain: "rank", MinCeiling: 0.4, MaxCeiling: 0.9}, []int{100, 50, 10})
+	cs, err := (flowcontrol.HoldbackConfig{Shape: "linear", Domain: "rank", MinCeiling: 0.4, MaxCeiling: 0.9}).BandCeilings([]int{100, 50, 10})
 	if err != nil || !slices.Equal(cs, []float64{0.9, 0.65, 0.4}) {
 		t.Errorf("rank 0.4..0.9 over 3 bands: %v %v", cs, err)
 	}
-	cs, err = flowcontrol.HoldbackCeilings(flowcontrol.HoldbackConfig{Domain: "value", MinCeiling: 0.4, MaxCeiling: 0.9}, []int{100, 50, 0})
+	cs, err = (flowcontrol.HoldbackConfig{Domain: "value", MinCeiling: 0.4, MaxCeiling: 0.9}).BandCeilings([]int{100, 50, 0})
 	if err != nil || !slices.Equal(cs, []float64{0.9, 0.65, 0.4}) {
 		t.Errorf("value 0.4..0.9 over 100, 50, 0: %v %v", cs, err)
 	}
-	cs, err = flowcontrol.HoldbackCeilings(flowcontrol.HoldbackConfig{Domain: "explicit", Ceilings: map[int]float64{100: 0.95, 50: 0.7, 10: 0.3}}, []int{100, 50, 10, 0})
+	cs, err = (flowcontrol.HoldbackConfig{Domain: "explicit", Ceilings: map[int]float64{100: 0.95, 50: 0.7, 10: 0.3}}).BandCeilings([]int{100, 50, 10, 0})
 	if err != nil || !slices.Equal(cs, []float64{0.95, 0.7, 0.3, 0}) {
 		t.Errorf("explicit: %v %v", cs, err)
 	}
 	// A band missing from the map holds back every band below it.
-	cs, err = flowcontrol.HoldbackCeilings(flowcontrol.HoldbackConfig{Domain: "explicit", Ceilings: map[int]float64{100: 0.9, 0: 0.3}}, []int{100, 50, 0})
+	cs, err = (flowcontrol.HoldbackConfig{Domain: "explicit", Ceilings: map[int]float64{100: 0.9, 0: 0.3}}).BandCeilings([]int{100, 50, 0})
 	if err != nil || !slices.Equal(cs, []float64{0.9, 0, 0}) {
 		t.Errorf("explicit with a gap: %v %v", cs, err)
 	}
@@ -269,7 +269,7 @@ func FuzzHoldbackCeilings(f *testing.F) {
 			m = map[int]float64{int(k1): v1, int(k2): v2}
 		}
 		cfg := flowcontrol.HoldbackConfig{Domain: domain, Shape: shape, MinCeiling: lo, MaxCeiling: hi, Ceilings: m}
-		cs, err := flowcontrol.HoldbackCeilings(cfg, prios)
+		cs, err := cfg.BandCeilings(prios)
 
 		in := func(v, a, b float64) bool { return v >= a && v <= b }
 		valid := len(prios) > 0

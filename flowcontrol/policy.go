@@ -182,7 +182,7 @@ const (
 //	                                 the rank domain (NewPriorityHoldback)
 //
 // The holdback policy's value and explicit domains need the bands' priority
-// values or a map: build them with HoldbackCeilings and
+// values or a map: build them with HoldbackConfig.BandCeilings and
 // NewPriorityHoldbackCeilings. Unknown names, unknown params and bad values
 // are errors wrapping ErrInvalidConfig.
 func PolicyByName(name string, params map[string]float64) (CeilingPolicy, error) {

@@ -56,6 +56,6 @@
 // ("soft-reflective-ceiling-policy" there is flowgate's semantics); llm-d's own
 // policies are built here, by NewStatic, NewSoftReflective and NewPriorityHoldback
 // (whose parameters, flowcontrol.HoldbackConfig, and ceiling maths,
-// flowcontrol.HoldbackCeilings, are shared with flowgate's PriorityHoldback), and have
+// flowcontrol.HoldbackConfig.BandCeilings, are shared with flowgate's PriorityHoldback), and have
 // no registry.
 package llmd

@@ -154,7 +154,7 @@ func (p *SoftReflective) TopCeiling(float64) float64 { return 1 }
 // PriorityHoldback is llm-d's priority-holdback-policy: a fixed ceiling per band,
 // from maxCeiling for band 0 down to minCeiling for the last, spaced by rank or by
 // priority value, or given per priority (flowcontrol.HoldbackConfig states the
-// parameters and flowcontrol.HoldbackCeilings computes them, as llm-d does for its
+// parameters and flowcontrol.HoldbackConfig.BandCeilings computes them, as llm-d does for its
 // active priorities). A cycle halts at the first band whose ceiling is at or below
 // the saturation, so as saturation rises the lowest band is held back first, then
 // each band above it; at maxCeiling (1.0 by default) band 0 too. Stateless: no duty
@@ -167,7 +167,7 @@ type PriorityHoldback struct{ ceilings []float64 }
 // dispatcher it is given to, which NewDispatcher checks). Errors wrap
 // flowcontrol.ErrInvalidConfig and name the parameter.
 func NewPriorityHoldback(cfg flowcontrol.HoldbackConfig, priorities []int) (*PriorityHoldback, error) {
-	c, err := flowcontrol.HoldbackCeilings(cfg, priorities)
+	c, err := cfg.BandCeilings(priorities)
 	if err != nil {
 		return nil, err
 	}

@@ -339,7 +339,7 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: LLMDTTL %v must be >= 0", ErrInvalidConfig, c.LLMDTTL)
 	}
 	if c.Policy == PriorityHoldback || c.Policy == LLMDPriorityHoldback {
-		if _, err := flowcontrol.HoldbackCeilings(c.Holdback, bandPriorities); err != nil {
+		if _, err := c.Holdback.BandCeilings(bandPriorities); err != nil {
 			return fmt.Errorf("%w: Holdback: %v", ErrInvalidConfig, err)
 		}
 	}

@@ -258,7 +258,7 @@ func run(cfg Config) (*sim, error) {
 	} else if cfg.Policy == SoftReflective {
 		s.policy = flowcontrol.NewSoftReflective()
 	} else if cfg.Policy == PriorityHoldback {
-		c, err := flowcontrol.HoldbackCeilings(cfg.Holdback, bandPriorities)
+		c, err := cfg.Holdback.BandCeilings(bandPriorities)
 		if err == nil {
 			s.policy, err = flowcontrol.NewPriorityHoldbackCeilings(c)
 		}
@@ -266,7 +266,7 @@ func run(cfg Config) (*sim, error) {
 			return nil, fmt.Errorf("%w: Holdback: %v", ErrInvalidConfig, err)
 		}
 	} else if cfg.Policy == LLMDPriorityHoldback {
-		c, err := flowcontrol.HoldbackCeilings(cfg.Holdback, bandPriorities)
+		c, err := cfg.Holdback.BandCeilings(bandPriorities)
 		if err != nil {
 			return nil, fmt.Errorf("%w: Holdback: %v", ErrInvalidConfig, err)
 		}

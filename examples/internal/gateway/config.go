@@ -362,7 +362,7 @@ func (p *parser) resolve(fc *fileConfig) Config {
 		for i, b := range cfg.Bands {
 			prios[i] = b.Priority
 		}
-		c, err := flowcontrol.HoldbackCeilings(cfg.Policy.Holdback, prios)
+		c, err := cfg.Policy.Holdback.BandCeilings(prios)
 		p.check(err == nil, refPath, "%v", err) // not reached: holdback and bands checked both
 		cfg.Policy.Ceilings = c
 	}
