@@ -204,17 +204,17 @@ type Options struct {
 	CriticalReserve int64
 	// BodyGrace and MinBodyRate (bytes per second) cut a body that
 	// arrives slower than MinBodyRate once BodyGrace has passed, with a
-	// 408: reading byte n must finish by arrival + BodyGrace +
-	// n/MinBodyRate. Zero: DefaultBodyGrace, DefaultMinBodyRate;
+	// 408: from arrival + BodyGrace on, the bytes that arrived in the last
+	// BodyRateWindow must be at least MinBodyRate times the part of that
+	// window past arrival + BodyGrace, so bytes sent early buy no idle
+	// time. Zero: DefaultBodyGrace, DefaultMinBodyRate;
 	// MinBodyRate negative: no limit. It needs a writer that supports
 	// http.ResponseController.SetReadDeadline (net/http's does).
 	BodyGrace   time.Duration
 	MinBodyRate int64
 	// BodyIdleTimeout cuts, with a 408, a body of which no byte arrived
-	// for this long, however fast it came before (the rate rule alone
-	// would let a client that sent 8 MiB quickly then stalled hold its
-	// memory for over two hours). 0: DefaultBodyIdleTimeout; negative:
-	// none.
+	// for this long, however fast it came before. 0:
+	// DefaultBodyIdleTimeout; negative: none.
 	BodyIdleTimeout time.Duration
 	// OnFinish, if set, is called once per gated request when flowhttp is
 	// done with it (after done, for a forwarded one), from the request's
@@ -567,9 +567,11 @@ func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 		src = http.MaxBytesReader(w, r.Body, in.maxBody)
 	}
 	var rc *http.ResponseController
+	var pc pace
 	if in.rate > 0 || in.idle > 0 {
+		pc.init(start, in.grace, in.rate, in.idle)
 		rc = http.NewResponseController(w)
-		if rc.SetReadDeadline(in.deadline(start, 0, time.Now())) != nil {
+		if rc.SetReadDeadline(pc.deadline(time.Now())) != nil {
 			rc = nil // not supported by this writer: no time limit
 		}
 	}
@@ -618,7 +620,9 @@ func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 			break
 		}
 		if rc != nil && n > 0 {
-			_ = rc.SetReadDeadline(in.deadline(start, int64(len(buf)), time.Now()))
+			now := time.Now()
+			pc.progress(int64(len(buf)), now)
+			_ = rc.SetReadDeadline(pc.deadline(now))
 		}
 	}
 	if rc != nil {
@@ -640,22 +644,6 @@ func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 		err = fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
 	return nil, held, err
-}
-
-// deadline is when the next byte of a body must have arrived, with n bytes
-// read by now: the earlier of the rate rule's arrival + BodyGrace +
-// n/MinBodyRate and the idle rule's now + BodyIdleTimeout.
-func (in *intake) deadline(start time.Time, n int64, now time.Time) time.Time {
-	var d time.Time
-	if in.rate > 0 {
-		d = start.Add(in.grace + time.Duration(float64(n)/float64(in.rate)*float64(time.Second)))
-	}
-	if in.idle > 0 {
-		if i := now.Add(in.idle); d.IsZero() || i.Before(d) {
-			d = i
-		}
-	}
-	return d
 }
 
 // refusal is how one kind of refusal is answered.
