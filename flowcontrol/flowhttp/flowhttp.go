@@ -192,9 +192,10 @@ type Options struct {
 	// DefaultMaxBodyBytes; negative: no cap.
 	MaxBodyBytes int64
 	// MaxBodyMemory bounds the bytes held for gated request bodies, being
-	// read or waiting in any band, all together: a body that would take
-	// it past the bound is refused (429 body-memory-full) before more of
-	// it is read. 0: DefaultMaxBodyMemory; negative: no bound.
+	// read, waiting in any band or being served (until the wrapped handler
+	// returns), all together: a body that would take it past the bound is
+	// refused (429 body-memory-full) before more of it is read. 0:
+	// DefaultMaxBodyMemory; negative: no bound.
 	MaxBodyMemory int64
 	// CriticalReserve is the part of MaxBodyMemory that only requests
 	// whose headers place them in band 0 (objective header, or
@@ -449,8 +450,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, held, err := h.readBody(w, r, start, res.Band == 0)
 	res.BodyBytes = len(body)
-	// held is released once the request leaves the queue, whatever the
-	// outcome: from then on the body is the wrapped handler's.
+	// held stays charged until the wrapped handler returns (or the
+	// request is refused): a released body is still in memory.
 	if err != nil {
 		h.mem.release(held)
 		res.Waited = time.Since(start)
@@ -493,9 +494,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if reserved > 0 {
 		h.used[band].Add(-reserved)
 	}
-	h.mem.release(held)
 	res.Waited = time.Since(start)
 	if err != nil {
+		h.mem.release(held)
 		h.refuse(w, &res, err)
 		finish()
 		return
@@ -519,6 +520,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if rec.forwarded {
 			h.forwarded.Add(-1)
 		}
+		h.mem.release(held)
 		done()
 		v := recover()
 		res.Status = rec.code
