@@ -67,8 +67,9 @@
 //     Options.IgnoreBodyPriority;
 //  4. Options.DefaultObjective (default: the last band).
 //
-// Memory is bounded by construction. Every body being read or waiting holds
-// its buffer in one budget, Options.MaxBodyMemory (DefaultMaxBodyMemory by default),
+// Memory is bounded by construction. Every body being read, waiting or
+// being served (until the wrapped handler returns) holds its buffer in one
+// budget, Options.MaxBodyMemory (DefaultMaxBodyMemory by default),
 // charged before the buffer is allocated: a body that does not fit is
 // refused 429 body-memory-full before more of it is read. A quarter of it
 // (Options.CriticalReserve) is kept for requests whose headers place them in

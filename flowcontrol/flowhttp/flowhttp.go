@@ -192,9 +192,10 @@ type Options struct {
 	// DefaultMaxBodyBytes; negative: no cap.
 	MaxBodyBytes int64
 	// MaxBodyMemory bounds the bytes held for gated request bodies, being
-	// read or waiting in any band, all together: a body that would take
-	// it past the bound is refused (429 body-memory-full) before more of
-	// it is read. 0: DefaultMaxBodyMemory; negative: no bound.
+	// read, waiting in any band or being served (until the wrapped handler
+	// returns), all together: a body that would take it past the bound is
+	// refused (429 body-memory-full) before more of it is read. 0:
+	// DefaultMaxBodyMemory; negative: no bound.
 	MaxBodyMemory int64
 	// CriticalReserve is the part of MaxBodyMemory that only requests
 	// whose headers place them in band 0 (objective header, or
@@ -204,17 +205,17 @@ type Options struct {
 	CriticalReserve int64
 	// BodyGrace and MinBodyRate (bytes per second) cut a body that
 	// arrives slower than MinBodyRate once BodyGrace has passed, with a
-	// 408: reading byte n must finish by arrival + BodyGrace +
-	// n/MinBodyRate. Zero: DefaultBodyGrace, DefaultMinBodyRate;
+	// 408: from arrival + BodyGrace on, the bytes that arrived in the last
+	// BodyRateWindow must be at least MinBodyRate times the part of that
+	// window past arrival + BodyGrace, so bytes sent early buy no idle
+	// time. Zero: DefaultBodyGrace, DefaultMinBodyRate;
 	// MinBodyRate negative: no limit. It needs a writer that supports
 	// http.ResponseController.SetReadDeadline (net/http's does).
 	BodyGrace   time.Duration
 	MinBodyRate int64
 	// BodyIdleTimeout cuts, with a 408, a body of which no byte arrived
-	// for this long, however fast it came before (the rate rule alone
-	// would let a client that sent 8 MiB quickly then stalled hold its
-	// memory for over two hours). 0: DefaultBodyIdleTimeout; negative:
-	// none.
+	// for this long, however fast it came before. 0:
+	// DefaultBodyIdleTimeout; negative: none.
 	BodyIdleTimeout time.Duration
 	// OnFinish, if set, is called once per gated request when flowhttp is
 	// done with it (after its Permit.Done, for a forwarded one), from the request's
@@ -449,8 +450,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, held, err := h.readBody(w, r, start, res.Band == 0)
 	res.BodyBytes = len(body)
-	// held is released once the request leaves the queue, whatever the
-	// outcome: from then on the body is the wrapped handler's.
+	// held stays charged until the wrapped handler returns (or the
+	// request is refused): a released body is still in memory.
 	if err != nil {
 		h.mem.release(held)
 		res.Waited = time.Since(start)
@@ -493,9 +494,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if reserved > 0 {
 		h.used[band].Add(-reserved)
 	}
-	h.mem.release(held)
 	res.Waited = time.Since(start)
 	if err != nil {
+		h.mem.release(held)
 		h.refuse(w, &res, err)
 		finish()
 		return
@@ -519,6 +520,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if rec.forwarded {
 			h.forwarded.Add(-1)
 		}
+		h.mem.release(held)
 		permit.Done()
 		v := recover()
 		res.Status = rec.code
@@ -567,9 +569,11 @@ func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 		src = http.MaxBytesReader(w, r.Body, in.maxBody)
 	}
 	var rc *http.ResponseController
+	var pc pace
 	if in.rate > 0 || in.idle > 0 {
+		pc.init(start, in.grace, in.rate, in.idle)
 		rc = http.NewResponseController(w)
-		if rc.SetReadDeadline(in.deadline(start, 0, time.Now())) != nil {
+		if rc.SetReadDeadline(pc.deadline(time.Now())) != nil {
 			rc = nil // not supported by this writer: no time limit
 		}
 	}
@@ -618,7 +622,9 @@ func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 			break
 		}
 		if rc != nil && n > 0 {
-			_ = rc.SetReadDeadline(in.deadline(start, int64(len(buf)), time.Now()))
+			now := time.Now()
+			pc.progress(int64(len(buf)), now)
+			_ = rc.SetReadDeadline(pc.deadline(now))
 		}
 	}
 	if rc != nil {
@@ -640,22 +646,6 @@ func (in *intake) readBody(w http.ResponseWriter, r *http.Request, start time.Ti
 		err = fmt.Errorf("%w: %w", ErrBadBody, err)
 	}
 	return nil, held, err
-}
-
-// deadline is when the next byte of a body must have arrived, with n bytes
-// read by now: the earlier of the rate rule's arrival + BodyGrace +
-// n/MinBodyRate and the idle rule's now + BodyIdleTimeout.
-func (in *intake) deadline(start time.Time, n int64, now time.Time) time.Time {
-	var d time.Time
-	if in.rate > 0 {
-		d = start.Add(in.grace + time.Duration(float64(n)/float64(in.rate)*float64(time.Second)))
-	}
-	if in.idle > 0 {
-		if i := now.Add(in.idle); d.IsZero() || i.Before(d) {
-			d = i
-		}
-	}
-	return d
 }
 
 // refusal is how one kind of refusal is answered.

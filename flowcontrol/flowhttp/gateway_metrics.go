@@ -32,7 +32,7 @@ func newGatewayCollector(g *Gateway, o flowmetrics.Options) *gatewayCollector {
 	return &gatewayCollector{
 		g: g,
 		memory: prometheus.NewDesc(name("body_memory_bytes"),
-			"Bytes of buffers held for gated request bodies being read or waiting (bounded by Options.MaxBodyMemory).", nil, o.ConstLabels),
+			"Bytes of buffers held for gated request bodies being read, waiting or served (bounded by Options.MaxBodyMemory).", nil, o.ConstLabels),
 		gap: prometheus.NewDesc(name("released_unforwarded"),
 			"Requests the controller released that the host has not yet forwarded (charged by the in-flight credit).", nil, o.ConstLabels),
 		score: prometheus.NewDesc(name("endpoint_saturation"),

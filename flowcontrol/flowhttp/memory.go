@@ -3,7 +3,8 @@ package flowhttp
 import "sync/atomic"
 
 // memory is Options.MaxBodyMemory: the bytes of buffers held for gated
-// bodies, being read or waiting, over every band. A nil *memory bounds
+// bodies, being read, waiting or served (until the wrapped handler returns),
+// over every band. A nil *memory bounds
 // nothing.
 //
 // Requests placed in band 0 by their headers may fill it to total; the

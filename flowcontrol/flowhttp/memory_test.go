@@ -172,3 +172,52 @@ func TestConcurrentLargeUploadsBoundedHeap(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+// A released body stays charged until the wrapped handler returns: eleven
+// critical 4 MiB bodies held by a handler that keeps a copy (as a proxy that
+// may retry does) grow the live heap by at most twice MaxBodyMemory. Before,
+// a released body left the budget and all eleven were taken (88 MiB live
+// against a 16 MiB budget).
+func TestReleasedBodiesStayCharged(t *testing.T) {
+	const mib = 1 << 20
+	const budget = 16 * mib
+	hold := make(chan struct{})
+	in := make(chan []byte, 11)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := make([]byte, r.ContentLength)
+		_, _ = io.ReadFull(r.Body, b)
+		in <- b
+		<-hold
+	})
+	e := start(t, nil, h, flowhttp.Options{MaxBodyBytes: 4 * mib, MaxBodyMemory: budget})
+	body := strings.Repeat("x", 4*mib)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var wg sync.WaitGroup
+	refused := make(chan int, 11)
+	var kept [][]byte
+	for i := range 11 { // one after the other: each finds the budget as the last left it
+		wg.Go(func() {
+			resp, _, err := post(t, context.Background(), e.srv.URL+"/v1/completions", "critical", body)
+			if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+				refused <- 1
+			}
+		})
+		waitFor(t, "the request served or refused", func() bool {
+			for len(in) > 0 {
+				kept = append(kept, <-in)
+			}
+			return len(kept)+len(refused) == i+1
+		})
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	growth := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d served, %d refused; live heap growth %d MiB (budget %d MiB)", len(kept), len(refused), growth/mib, budget/mib)
+	close(hold)
+	wg.Wait()
+	require.LessOrEqual(t, growth, int64(2*budget))
+	runtime.KeepAlive(kept)
+}

@@ -63,34 +63,7 @@ const (
 // else: not JSON, not an object, no such key, or a value that is not an
 // integer in int64 range (1.5, "1", 1e3, null). Keys match exactly
 // ("PRIORITY" is not "priority"), as the servers read them.
-func BodyPriority(body []byte) (int64, bool) {
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 || body[0] != '{' {
-		return 0, false
-	}
-	// Cheap exit for the common request without a priority: the key is
-	// written either literally or with a \u escape (no other JSON escape
-	// can spell one of its letters), so a body with neither has no such key
-	// and would decode to the same answer.
-	if !bytes.Contains(body, []byte("priority")) && !bytes.Contains(body, []byte(`\u`)) {
-		return 0, false
-	}
-	// A map, not a struct: encoding/json matches struct fields without
-	// regard to case.
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return 0, false
-	}
-	raw, ok := fields["priority"]
-	if !ok {
-		return 0, false
-	}
-	p, err := strconv.ParseInt(string(raw), 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	return p, true
-}
+func BodyPriority(body []byte) (int64, bool) { return scanPriority(body) }
 
 // rewritePriority returns body with its top-level "priority" set to value
 // (PrioritySet) or removed (PriorityStrip). A body that is not a JSON object

@@ -39,14 +39,18 @@
 //	PEXPIRE {prefix}:replica:<id> TTL-Period         liveness: a dead replica's hash expires
 //	ZADD  {prefix}:replicas <ms> <id>                the directory of replica ids
 //	ZREMRANGEBYSCORE / PEXPIRE {prefix}:replicas     trim ids silent for max(1 min, 10 TTL)
-//	ZRANGE {prefix}:replicas 0 -1                    who to read
-//	HGETALL {prefix}:replica:<peer> ...              the peers the previous sync listed
+//	ZREVRANGE {prefix}:replicas 0 MaxPeers           who to read: the latest publishers
+//	HLEN, HGETALL {prefix}:replica:<peer> ...        the peers the previous sync listed (a hash
+//	                                                 of more than MaxEndpoints fields is skipped)
 //
 // plus, only when the directory lists a replica the previous sync did not,
 // a second round trip reading the new hashes, so a new replica's first
 // publish is visible to every other within one Period. The view is then the
 // per-endpoint sum over the peers' hashes that exist (a missing hash is a
-// dead or departed replica); endpoints nobody else holds read 0.
+// dead or departed replica); endpoints nobody else holds read 0. A peer's
+// count is clamped to MaxPeerCount and names past MaxEndpoints are left
+// out, so a replica with write access to Redis weighs at most one
+// replica's worth per endpoint and cannot grow the others' views.
 //
 // Why this layout: nothing shared depends on a replica's clock. Liveness
 // is Redis's key expiry, and the directory's scores and trim are Redis's

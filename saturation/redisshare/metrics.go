@@ -17,6 +17,9 @@ import "github.com/prometheus/client_golang/prometheus"
 //	flowgate_shared_inflight_duplicate_id_syncs_total syncs that found that
 //	flowgate_shared_inflight_bad_fields_total        counts read from Redis that did not parse and were ignored
 //	flowgate_shared_inflight_underflows_total        decrements clamped at 0
+//	flowgate_shared_inflight_refused_total{reason}   what syncs did not take from Redis: "count" (clamped
+//	                                                 to MaxPeerCount), "name" (past MaxEndpoints), "hash" (a
+//	                                                 peer's hash of more fields than that), "peer" (past MaxPeers)
 //
 // sync_errors_total / syncs_total is the failure rate; the duration
 // histogram against sync_timeout_seconds shows how close the successful
@@ -40,18 +43,33 @@ func (s *InFlight) Collector() prometheus.Collector {
 		dupSyncs:   d("duplicate_id_syncs_total", "Sync cycles that found another live instance publishing under this replica's id."),
 		badFields:  d("bad_fields_total", "Counts read from Redis that did not parse and were ignored."),
 		underflows: d("underflows_total", "Decrements that found the count at 0 and were clamped."),
+		refused: prometheus.NewDesc("flowgate_shared_inflight_refused_total",
+			"What syncs did not take from Redis, by reason: count (a peer's count clamped to MaxPeerCount), name (an endpoint name past MaxEndpoints), hash (a peer's hash of more fields than MaxEndpoints, not read), peer (a replica past MaxPeers, not read).",
+			[]string{"reason"}, l),
 	}
 }
+
+// The reasons of flowgate_shared_inflight_refused_total, indexes of
+// InFlight.refused.
+const (
+	refusedCount = iota
+	refusedName
+	refusedHash
+	refusedPeer
+)
+
+var refusedReasons = [...]string{"count", "name", "hash", "peer"}
 
 type collector struct {
 	s                                              *InFlight
 	up, peers, syncs, errors, timeouts, timeout    *prometheus.Desc
 	duration, dup, dupSyncs, badFields, underflows *prometheus.Desc
+	refused                                        *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.peers, c.syncs, c.errors, c.timeouts, c.timeout,
-		c.duration, c.dup, c.dupSyncs, c.badFields, c.underflows} {
+		c.duration, c.dup, c.dupSyncs, c.badFields, c.underflows, c.refused} {
 		ch <- d
 	}
 }
@@ -78,4 +96,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.dupSyncs, c.s.dupSyncs.Load())
 	counter(c.badFields, c.s.badFields.Load())
 	counter(c.underflows, c.s.underflows.Load())
+	for i, r := range refusedReasons {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(c.s.refused[i].Load()), r)
+	}
+}
+
+// Refused returns how many counts, names, hashes and peers syncs did not
+// take from Redis as they were (see Options.MaxPeerCount, MaxEndpoints,
+// MaxPeers), by reason: "count", "name", "hash", "peer".
+func (s *InFlight) Refused(reason string) int64 {
+	for i, r := range refusedReasons {
+		if r == reason {
+			return s.refused[i].Load()
+		}
+	}
+	return 0
 }

@@ -57,6 +57,17 @@ const (
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultPrefix is the Redis key prefix.
 	DefaultPrefix = "flowgate:inflight"
+	// DefaultMaxPeerCount is Options.MaxPeerCount's default: the
+	// connections a gateway replica holds when it cannot read its
+	// open-file limit (flowhttp.ServerConfig.MaxConns), each with at most
+	// one request in flight.
+	DefaultMaxPeerCount = 4096
+	// DefaultMaxEndpoints is Options.MaxEndpoints' default, far above a
+	// backend pool's size.
+	DefaultMaxEndpoints = 1024
+	// DefaultMaxPeers is Options.MaxPeers' default, far above a gateway's
+	// replica count.
+	DefaultMaxPeers = 256
 )
 
 // Options configures New. Set exactly one of Addr, Redis and Client, and
@@ -117,6 +128,24 @@ type Options struct {
 	// the directory of replicas, which a server-side script scores with
 	// Redis's TIME.
 	Now func() time.Time
+	// MaxPeerCount is the most requests one other replica is believed to
+	// hold in flight to one endpoint: a larger count read from Redis is
+	// clamped to it (and counted in flowgate_shared_inflight_refused_total,
+	// reason "count"), so one corrupt or hostile field weighs at most one
+	// replica's worth. 0 means DefaultMaxPeerCount; at most MaxCount.
+	MaxPeerCount int64
+	// MaxEndpoints bounds the endpoint names the view holds: a name only
+	// the other replicas publish is taken while fewer than MaxEndpoints
+	// are known, and a peer's hash with more fields than that is not read
+	// (reasons "name" and "hash"). The names this replica holds a handle
+	// for (Endpoint) are always taken: make the backends' handles before
+	// Run, so hostile names cannot crowd them out. 0 means
+	// DefaultMaxEndpoints.
+	MaxEndpoints int
+	// MaxPeers bounds the other replicas read per sync: the MaxPeers that
+	// published last (reason "peer" for each one left out). 0 means
+	// DefaultMaxPeers.
+	MaxPeers int
 }
 
 // State says whether the others' counts are being served.
@@ -161,6 +190,9 @@ type InFlight struct {
 	maxBackoff time.Duration // longest wait between failed syncs
 	log        *slog.Logger
 	now        func() time.Time
+	maxCount   int64 // Options.MaxPeerCount
+	maxNames   int   // Options.MaxEndpoints
+	maxPeers   int   // Options.MaxPeers
 
 	// eps is copy-on-write: readers load the pointer and look up without a
 	// lock; the rare insertion of a new endpoint copies the map under mu.
@@ -182,8 +214,11 @@ type InFlight struct {
 
 	syncs, syncErrors, badFields, underflows atomic.Int64
 	syncTimeouts, dupSyncs                   atomic.Int64
-	dup                                      atomic.Bool
-	syncSeconds                              histogram
+	// refused counts what a sync did not take from Redis, by reason:
+	// counts clamped, names, hashes, peers (refusedReasons' order).
+	refused     [4]atomic.Int64
+	dup         atomic.Bool
+	syncSeconds histogram
 }
 
 // Endpoint is one backend endpoint's counts, a handle the request path keeps
@@ -250,6 +285,21 @@ func New(opts Options) (*InFlight, error) {
 	if opts.Timeout <= 0 || opts.Timeout > opts.TTL/4 {
 		return bad("Options.Timeout must be > 0 and <= TTL/4 (%v), got %v", opts.TTL/4, opts.Timeout)
 	}
+	switch {
+	case opts.MaxPeerCount == 0:
+		opts.MaxPeerCount = DefaultMaxPeerCount
+	case opts.MaxPeerCount < 0 || opts.MaxPeerCount > MaxCount:
+		return bad("Options.MaxPeerCount must be in [0, %d], got %d", int64(MaxCount), opts.MaxPeerCount)
+	}
+	if opts.MaxEndpoints == 0 {
+		opts.MaxEndpoints = DefaultMaxEndpoints
+	}
+	if opts.MaxPeers == 0 {
+		opts.MaxPeers = DefaultMaxPeers
+	}
+	if opts.MaxEndpoints < 0 || opts.MaxPeers < 0 {
+		return bad("Options.MaxEndpoints and MaxPeers must be ≥ 0, got %d and %d", opts.MaxEndpoints, opts.MaxPeers)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -282,6 +332,9 @@ func New(opts Options) (*InFlight, error) {
 		maxBackoff: max(opts.Period, min(100*time.Millisecond, opts.TTL/4)),
 		log:        opts.Logger,
 		now:        opts.Now,
+		maxCount:   opts.MaxPeerCount,
+		maxNames:   opts.MaxEndpoints,
+		maxPeers:   opts.MaxPeers,
 		tr:         tracker{ttl: opts.TTL},
 	}
 	if opts.Client == nil {

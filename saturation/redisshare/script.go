@@ -25,9 +25,13 @@ import (
 //	KEYS[2]   the directory (sorted set) ARGV[2] this instance's token
 //	KEYS[3..] the peers' hashes to read  ARGV[3] hash expiry (ms)
 //	                                     ARGV[4] directory GC age (ms)
-//	                                     ARGV[5..] endpoint, count pairs
+//	                                     ARGV[5] most ids listed (MaxPeers + 1: this one)
+//	                                     ARGV[6] most fields read per hash
+//	                                     ARGV[7..] endpoint, count pairs
 //
-// It returns {previous heartbeat or "", directory ids, {peer hash...}}. The
+// It returns {previous heartbeat or "", directory ids (the most recent
+// publishers first), {peer hash...}, directory size, hashes not read}: a
+// hash with more than ARGV[6] fields is answered empty. The
 // heartbeat field "" holds "<Redis ms> <instance token>": the token read
 // before the rewrite tells whether another instance wrote under this id
 // since this one's last sync. All keys share one hash tag, so the script is
@@ -41,17 +45,43 @@ local nowStr = string.format('%d', now)
 local prev = redis.call('HGET', KEYS[1], '')
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], '', nowStr .. ' ' .. ARGV[2])
-for i = 5, #ARGV, 400 do
+for i = 7, #ARGV, 400 do
   redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 399, #ARGV)))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], nowStr, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%d', now - tonumber(ARGV[4])))
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-local dir = redis.call('ZRANGE', KEYS[2], 0, -1)
-local hashes = {}
-for i = 3, #KEYS do hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i]) end
-return {prev or '', dir, hashes}
+local dir = redis.call('ZREVRANGE', KEYS[2], 0, tonumber(ARGV[5]) - 1)
+local ndir = redis.call('ZCARD', KEYS[2])
+local hashes, big = {}, 0
+local most = tonumber(ARGV[6])
+for i = 3, #KEYS do
+  if redis.call('HLEN', KEYS[i]) > most then
+    hashes[#hashes + 1] = {}
+    big = big + 1
+  else
+    hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i])
+  end
+end
+return {prev or '', dir, hashes, ndir, big}
+`)
+
+// readScript reads the hashes KEYS, each only if it has at most ARGV[1]
+// fields (else it is answered empty), and returns {{hash...}, hashes not
+// read}: the second round trip of a sync that found new peers.
+var readScript = redis.NewScript(`
+local hashes, big = {}, 0
+local most = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  if redis.call('HLEN', KEYS[i]) > most then
+    hashes[#hashes + 1] = {}
+    big = big + 1
+  else
+    hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i])
+  end
+end
+return {hashes, big}
 `)
 
 // leaveScript deletes this replica's hash and directory entry, unless
@@ -109,7 +139,9 @@ func (s *InFlight) exchange(ctx context.Context, timeout time.Duration) (snaps [
 	for _, id := range known {
 		keys = append(keys, s.peerKey(id))
 	}
-	args := []any{s.id, s.instance, s.expiry.Milliseconds(), s.gcAge.Milliseconds()}
+	// Fields per hash: the endpoints and the heartbeat.
+	mostFields := s.maxNames + 1
+	args := []any{s.id, s.instance, s.expiry.Milliseconds(), s.gcAge.Milliseconds(), s.maxPeers + 1, mostFields}
 	for name, e := range *s.eps.Load() {
 		if n := e.own.Load(); n > 0 && name != heartbeatField {
 			args = append(args, name, formatCount(min(n, MaxCount)))
@@ -119,17 +151,41 @@ func (s *InFlight) exchange(ctx context.Context, timeout time.Duration) (snaps [
 	if err != nil {
 		return nil, "", err
 	}
-	if len(res) != 3 {
-		return nil, "", fmt.Errorf("redisshare: sync script answered %d values, want 3", len(res))
+	if len(res) != 5 {
+		return nil, "", fmt.Errorf("redisshare: sync script answered %d values, want 5", len(res))
 	}
 	prev, _ := res[0].(string)
 	ids := stringsOf(res[1])
+	if n, _ := res[3].(int64); n > int64(len(ids)) {
+		s.refused[refusedPeer].Add(n - int64(len(ids)))
+	}
+	big, _ := res[4].(int64)
+	// The names this sync takes: those this replica knows, and new ones
+	// while fewer than maxNames are known.
+	local := *s.eps.Load()
+	taken := map[string]bool{}
+	room := s.maxNames - len(local)
 	add := func(h map[string]string) {
-		if len(h) == 0 { // expired (dead) or deleted (left)
+		if len(h) == 0 { // expired (dead), deleted (left) or too large
 			return
 		}
 		counts, bad := parseSnapshot(h)
 		s.badFields.Add(int64(bad))
+		for name, n := range counts {
+			if local[name] == nil && !taken[name] {
+				if room <= 0 {
+					delete(counts, name)
+					s.refused[refusedName].Add(1)
+					continue
+				}
+				taken[name] = true
+				room--
+			}
+			if n > s.maxCount {
+				counts[name] = s.maxCount
+				s.refused[refusedCount].Add(1)
+			}
+		}
 		snaps = append(snaps, counts)
 	}
 	hashes, _ := res[2].([]any)
@@ -148,21 +204,26 @@ func (s *InFlight) exchange(ctx context.Context, timeout time.Duration) (snaps [
 		}
 	}
 	if len(fresh) > 0 {
-		more := make([]*redis.MapStringStringCmd, len(fresh))
-		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range fresh {
-				more[i] = p.HGetAll(ctx, s.peerKey(id))
-			}
-			return nil
-		})
+		keys := make([]string, len(fresh))
+		for i, id := range fresh {
+			keys[i] = s.peerKey(id)
+		}
+		more, err := readScript.Run(ctx, s.client, keys, mostFields).Slice()
 		if err != nil {
 			// Keep s.known: the fresh ids are retried next sync.
 			return nil, "", err
 		}
-		for _, c := range more {
-			add(c.Val())
+		if len(more) != 2 {
+			return nil, "", fmt.Errorf("redisshare: read script answered %d values, want 2", len(more))
 		}
+		hashes, _ := more[0].([]any)
+		for _, h := range hashes {
+			add(pairsOf(h))
+		}
+		n, _ := more[1].(int64)
+		big += n
 	}
+	s.refused[refusedHash].Add(big)
 	s.known = next
 	return snaps, heartbeatInstance(prev), nil
 }
