@@ -280,10 +280,14 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 	}
 }
 
-// critical reports whether a request's headers place it in band 0 (its
-// objective, or DefaultObjective when it names none): what Serve keeps its
-// reserved connections for (ServerConfig.ReservedConns).
-func (g *Gateway) critical(h http.Header) bool { return g.intake.preBand(h) == 0 }
+// critical reports whether a request is granted band 0 before its body is
+// read (by its identity, the trusted objective header or DefaultObjective,
+// and not lowered by its headers): what Serve keeps its reserved
+// connections for (ServerConfig.ReservedConns).
+func (g *Gateway) critical(r *http.Request) bool {
+	ceiling, _ := g.intake.grant(r)
+	return g.intake.preBand(r.Header, ceiling) == 0
+}
 
 // Router returns the gateway's ready-made routing, which a host with its
 // own may ignore.

@@ -46,7 +46,11 @@ func (c Convention) value(b, n int) int {
 type PriorityMode int
 
 const (
-	// PriorityKeep forwards the body as the client sent it.
+	// PriorityKeep forwards the body as the client sent it, but for its
+	// top-level "priority", if it has one: that is written with the
+	// request's band in Options.Priority's convention, so a client's own
+	// value (say −1000000, ahead of every critical request under vLLM's
+	// priority scheduling) never reaches the server.
 	PriorityKeep PriorityMode = iota
 	// PrioritySet writes the request's band, in Options.Priority's
 	// convention, into the body's top-level "priority" (added or
@@ -64,36 +68,69 @@ const (
 // integer in int64 range (1.5, "1", 1e3, null). Keys match exactly
 // ("PRIORITY" is not "priority"), as the servers read them.
 func BodyPriority(body []byte) (int64, bool) {
+	p, ok, _ := scanPriority(body)
+	return p, ok
+}
+
+// scanPriority is BodyPriority, and also reports as bad a body that a model
+// server may read a priority from but that flowhttp cannot rewrite: an
+// object that may name the key but that encoding/json refuses (Python's
+// json, vLLM's, reads NaN and Infinity), or a body that Python decodes as
+// UTF-8 with a byte-order mark, UTF-16 or UTF-32 (a BOM, or a NUL in the
+// first four bytes of a body with a '{').
+func scanPriority(body []byte) (p int64, ok, bad bool) {
+	if hasBOM(body) {
+		return 0, false, true
+	}
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
-		return 0, false
+		return 0, false, false
 	}
 	// Cheap exit for the common request without a priority: the key is
 	// written either literally or with a \u escape (no other JSON escape
 	// can spell one of its letters), so a body with neither has no such key
 	// and would decode to the same answer.
-	if !bytes.Contains(body, []byte("priority")) && !bytes.Contains(body, []byte(`\u`)) {
-		return 0, false
+	if !mayNamePriority(body) {
+		return 0, false, false
 	}
 	// A map, not a struct: encoding/json matches struct fields without
 	// regard to case.
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
-		return 0, false
+		return 0, false, true
 	}
-	raw, ok := fields["priority"]
-	if !ok {
-		return 0, false
+	raw, found := fields["priority"]
+	if !found {
+		return 0, false, false
 	}
 	p, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
-		return 0, false
+		return 0, false, false
 	}
-	return p, true
+	return p, true, false
+}
+
+// mayNamePriority reports whether a JSON text may hold the key "priority":
+// written literally or with a \u escape.
+func mayNamePriority(t []byte) bool {
+	return bytes.Contains(t, []byte("priority")) || bytes.Contains(t, []byte(`\u`))
+}
+
+// hasBOM reports whether body starts as Python's json.loads detects an
+// encoding other than plain UTF-8: a byte-order mark, or a NUL in the first
+// four bytes (UTF-16 or UTF-32 without one) of a body that has a '{' (a
+// binary upload has no object to read a priority from).
+func hasBOM(b []byte) bool {
+	switch {
+	case bytes.HasPrefix(b, []byte{0xEF, 0xBB, 0xBF}), bytes.HasPrefix(b, []byte{0xFE, 0xFF}), bytes.HasPrefix(b, []byte{0xFF, 0xFE}):
+		return true
+	}
+	return bytes.IndexByte(b[:min(len(b), 4)], 0) >= 0 && bytes.IndexByte(b, '{') >= 0
 }
 
 // rewritePriority returns body with its top-level "priority" set to value
-// (PrioritySet) or removed (PriorityStrip). A body that is not a JSON object
+// (PrioritySet; PriorityKeep only if the body has one) or removed
+// (PriorityStrip). A body that is not a JSON object
 // is returned as it is: the model server judges it. Only the priority
 // changes: every other field is copied as its raw JSON (their order becomes
 // sorted).
@@ -102,8 +139,8 @@ func rewritePriority(body []byte, mode PriorityMode, value int) []byte {
 	if len(t) == 0 || t[0] != '{' {
 		return body
 	}
-	if mode == PriorityStrip && !bytes.Contains(t, []byte("priority")) && !bytes.Contains(t, []byte(`\u`)) {
-		return body // nothing to strip
+	if mode != PrioritySet && !mayNamePriority(t) {
+		return body // nothing to strip or to overwrite
 	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(t, &fields) != nil || fields == nil {
@@ -111,6 +148,11 @@ func rewritePriority(body []byte, mode PriorityMode, value int) []byte {
 	}
 	switch mode {
 	case PrioritySet:
+		fields["priority"] = json.RawMessage(strconv.Itoa(value))
+	case PriorityKeep:
+		if _, ok := fields["priority"]; !ok {
+			return body
+		}
 		fields["priority"] = json.RawMessage(strconv.Itoa(value))
 	case PriorityStrip:
 		if _, ok := fields["priority"]; !ok {
