@@ -550,6 +550,20 @@ func (in *intake) grant(r *http.Request) (ceiling int, flow string) {
 	return in.defBand, flow
 }
 
+// trustMode names, for the gateway's start log, whom the intake trusts with
+// a band.
+func (in *intake) trustMode() string {
+	switch {
+	case in.identify != nil && in.trust:
+		return "identity, else the objective header (trusted from every other caller)"
+	case in.identify != nil:
+		return "identity (Options.Identify): a client's header or body only lowers its band"
+	case in.trust:
+		return "objective header trusted from every caller (llm-d's; behind an authenticating front proxy only)"
+	}
+	return "no identity: a client's header or body only lowers its band below the default"
+}
+
 // preBand is the band a request counts as while its body is read: its
 // ceiling, lowered by what its headers ask. Classify and the body's
 // priority may still lower it once the body is in.
