@@ -107,7 +107,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			cfg := gateway.DefaultConfig()
 			cfg.Saturation.InFlightCredit = false
 			cfg.Burst = burst
-			p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: []string{backend.URL}, Logf: func(string, ...any) {}})
+			p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: []string{backend.URL}, Logf: func(string, ...any) {}, TrustObjectiveHeader: true})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -70,7 +70,7 @@ type running struct {
 func runProxy(t *testing.T, nofile int, backend string, args ...string) *running {
 	t.Helper()
 	bin := proxyBinary(t)
-	args = append([]string{"-addr", "127.0.0.1:0", "-backends", backend}, args...)
+	args = append([]string{"-addr", "127.0.0.1:0", "-backends", backend, "-trust-objective-header"}, args...)
 	var cmd *exec.Cmd
 	if nofile > 0 {
 		cmd = exec.Command("sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), bin}, args...)...)

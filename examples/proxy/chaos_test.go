@@ -235,7 +235,7 @@ func TestChaosBackends(t *testing.T) {
 	var reasonsMu sync.Mutex
 	reasons := map[string]int{}
 	var picks pickLog
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {},
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: func(string, ...any) {}, TrustObjectiveHeader: true,
 		OnFinish: func(_, _ int, reason string) {
 			finished.Add(1)
 			reasonsMu.Lock()

@@ -84,7 +84,7 @@ func fuzzProxy(f *testing.F) *gateway.Proxy {
 		cfg.Bands[i].Capacity = 64
 		cfg.Bands[i].MaxWait = 50 * time.Millisecond
 	}
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: []string{backend.URL}, MaxBodyBytes: 256, Logf: func(string, ...any) {}})
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: []string{backend.URL}, MaxBodyBytes: 256, Logf: func(string, ...any) {}, TrustObjectiveHeader: true})
 	if err != nil {
 		f.Fatal(err)
 	}

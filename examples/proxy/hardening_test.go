@@ -73,6 +73,7 @@ const idleVLLM = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm
 func runGateway(t *testing.T, cfg gateway.Config, opts gateway.Options, wantIdle bool, urls ...string) (*gateway.Proxy, *httptest.Server) {
 	t.Helper()
 	opts.Config, opts.Backends = cfg, urls
+	opts.TrustObjectiveHeader = true // the tests send the objective header as a trusted front proxy would
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
@@ -197,7 +198,7 @@ func TestMetricsWithTwoBackendsOnOneHostPort(t *testing.T) {
 }
 
 // bodyPriority strip removes vLLM's "priority" before forwarding (and still
-// classifies by it); keep forwards it.
+// classifies by it); keep forwards it with the granted band's value.
 func TestBodyPriorityStrip(t *testing.T) {
 	bodies := make(chan string, 4)
 	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) {
@@ -216,7 +217,7 @@ func TestBodyPriorityStrip(t *testing.T) {
 		if mode == gateway.BodyPriorityStrip {
 			require.JSONEq(t, `{"prompt":"x"}`, got)
 		} else {
-			require.Equal(t, `{"prompt":"x","priority":1}`, got)
+			require.JSONEq(t, `{"prompt":"x","priority":1}`, got)
 		}
 	}
 }

@@ -24,6 +24,9 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
 	backends := flag.String("backends", "", "comma-separated base URLs of the model servers")
 	llmdMetrics := flag.Bool("llm-d-metrics", false, "serve llm-d's flow-control metric names (llm_d_epp_flow_control_*) on /metrics in place of flowgate's for the same four facts")
+	apiKeysFile := flag.String("api-keys", "", "file of API keys, one per line: <key> <tenant> <ceiling band> [<fairness id>] (else $FLOWGATE_API_KEYS, entries separated by ';')")
+	trustHeader := flag.Bool("trust-objective-header", false, "trust x-llm-d-inference-objective from callers without a key (llm-d's behaviour: only behind an authenticating front proxy)")
+	stripLLMD := flag.Bool("strip-llm-d-headers", false, "remove x-llm-d-* and x-gateway-inference-* request headers at ingress and re-inject the objective and fairness id from the caller's API key")
 	var sf serverFlags
 	sf.register(flag.CommandLine)
 	var sh sharedFlags
@@ -63,8 +66,13 @@ func main() {
 	if len(urls) == 0 {
 		fatal(errors.New("proxy: -backends is required"))
 	}
+	keys, err := apiKeys(*apiKeysFile)
+	if err != nil {
+		fatal(err)
+	}
 	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, BodyGrace: sf.bodyGrace, MinBodyRate: sf.minBodyRate,
-		BodyIdleTimeout: sf.bodyIdle, MaxBodyMemory: sf.maxBodyMemory, BackendResponseHeaderTimeout: sf.backendRespHeader, LLMDMetrics: *llmdMetrics})
+		BodyIdleTimeout: sf.bodyIdle, MaxBodyMemory: sf.maxBodyMemory, BackendResponseHeaderTimeout: sf.backendRespHeader, LLMDMetrics: *llmdMetrics,
+		APIKeys: keys, TrustObjectiveHeader: *trustHeader, StripLLMDHeaders: *stripLLMD})
 	if err != nil {
 		fatal(err)
 	}
@@ -102,6 +110,23 @@ func main() {
 		log.Printf("proxy: shutdown: %v", err)
 	}
 	log.Printf("proxy: stopped")
+}
+
+// apiKeys reads the API keys from path, else from $FLOWGATE_API_KEYS (nil
+// if neither is set).
+func apiKeys(path string) (map[string]gateway.Tenant, error) {
+	text, ok := os.LookupEnv("FLOWGATE_API_KEYS")
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: -api-keys: %w", err)
+		}
+		text, ok = string(b), true
+	}
+	if !ok {
+		return nil, nil
+	}
+	return gateway.ParseAPIKeys(text)
 }
 
 func fatal(err error) {

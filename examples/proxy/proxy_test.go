@@ -103,7 +103,8 @@ func newHarness(t *testing.T, cfg gateway.Config, backends ...*backendStub) *har
 		urls = append(urls, b.srv.URL)
 	}
 	h := &harness{finished: make(chan [3]any, 1024)}
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: t.Logf,
+	// The tests send the objective header as a trusted front proxy would.
+	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: t.Logf, TrustObjectiveHeader: true,
 		OnFinish: func(band, code int, reason string) { h.finished <- [3]any{band, code, reason} }})
 	require.NoError(t, err)
 	p.Start()
@@ -431,9 +432,10 @@ func TestShutdownUnderLoadLosesNothing(t *testing.T) {
 }
 
 // TestBandResolution: header, body priority and default, end to end. The
-// backend schedules by priority: the proxy forwards the body's priority as
-// the client wrote it (bodyPriority keep), which the fake, like vLLM's V0
-// engine, refuses under fcfs.
+// backend schedules by priority: the proxy forwards a body's priority with
+// the granted band's value (bodyPriority keep), which the fake, like vLLM's
+// V0 engine, refuses under fcfs. A body priority only lowers a request
+// below its ceiling (the default band, for a caller without a key).
 func TestBandResolution(t *testing.T) {
 	b := newStubWith(t, fakevllm.Config{SpeedUp: 50, SchedulingPolicy: fakevllm.PolicyPriority})
 	h := newHarness(t, testConfig(), b)
@@ -442,9 +444,9 @@ func TestBandResolution(t *testing.T) {
 	}{
 		{"critical", `{"prompt":"x","max_tokens":1}`, "critical"},
 		{"sheddable", `{"prompt":"x","max_tokens":1,"priority":0}`, "sheddable"},
-		{"", `{"prompt":"x","max_tokens":1,"priority":0}`, "critical"},
+		{"", `{"prompt":"x","max_tokens":1,"priority":0}`, "sheddable"},
 		{"", `{"prompt":"x","max_tokens":1,"priority":7}`, "sheddable"},
-		{"unknown-objective", `{"prompt":"x","max_tokens":1,"priority":-3}`, "critical"},
+		{"unknown-objective", `{"prompt":"x","max_tokens":1,"priority":-3}`, "sheddable"},
 		{"", `{"prompt":"x","max_tokens":1}`, "sheddable"},
 	} {
 		resp, err := h.send(context.Background(), t, tc.objective, tc.body)

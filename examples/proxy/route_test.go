@@ -102,7 +102,7 @@ func TestCriticalRequestAvoidsAFullKVCache(t *testing.T) {
 	})
 	t.Run("gateway", func(t *testing.T) {
 		full, empty := smallCacheStub(t), smallCacheStub(t)
-		gc := flowhttp.GatewayConfig{Endpoints: []string{full.srv.URL, empty.srv.URL}, HTTP: flowhttp.Options{ForwardPriority: flowhttp.PrioritySet}}
+		gc := flowhttp.GatewayConfig{Endpoints: []string{full.srv.URL, empty.srv.URL}, HTTP: flowhttp.Options{ForwardPriority: flowhttp.PrioritySet, TrustObjectiveHeader: true}}
 		gc.Poller.Interval = 5 * time.Millisecond
 		gc.Poller.Scorer.Staleness = time.Minute
 		gw, err := flowhttp.NewGateway(gc)

@@ -36,16 +36,35 @@
 // band the request waited in, and Router.Eligibility(band) which endpoints
 // the critical routing would rank last (one reading for the whole pick).
 //
-// # Where unlabelled requests go
+// # Who may use which band
 //
-// A request says how urgent it is with llm-d's objective header,
-// x-llm-d-inference-objective (or the legacy x-gateway-inference-objective):
-// "critical" is band 0, which the soft-reflective ceiling never gates, and
-// "sheddable" the last band. A request that names no objective goes to
-// Options.DefaultObjective's band, and by default that is the last, most
-// sheddable band: a client cannot skip the queue by leaving the header out.
-// Set DefaultObjective to "critical" only when every client that can reach
-// the gateway is trusted to label its background work.
+// A band is granted, not claimed. The host says who a caller is with
+// Options.Identify (an API key it checks, an mTLS subject, a header its
+// authenticating front proxy sets): the Identity names the most critical
+// band the caller may use, its ceiling, and its fairness id. What a client
+// writes itself (llm-d's objective header, x-llm-d-inference-objective or
+// the legacy x-gateway-inference-objective, or its body's "priority") can
+// only move its request to a less critical band than the ceiling, never
+// raise it. A request that asks nothing goes to its ceiling.
+//
+// The zero value trusts no client: without Identify, every caller's ceiling
+// is Options.DefaultObjective's band, by default the last, most sheddable
+// one, so no header or body makes a request critical.
+// Options.TrustObjectiveHeader restores llm-d's behaviour, the header
+// trusted from every caller, for a gateway behind a front proxy that
+// authenticates callers and sets the header; Gateway.Start logs which of
+// the two it runs.
+//
+// Header values match an objective exactly up to ASCII case ("Critical" is
+// "critical"; "CRİTİCAL", with U+0130, is nothing). Every line of both
+// objective headers counts, each a comma-separated list, and the least
+// critical known value wins: a front proxy that appends its value beside
+// the client's is never overridden by a more critical one.
+//
+// A band with fairness (flowcontrol.BandConfig.Fairness; DefaultBands are
+// round-robin) shares its releases between flows: the identity's, whatever
+// fairness-id header the client sends; anonymous callers of a gateway with
+// Identify share one flow; without Identify the fairness-id header names it.
 //
 // # The model
 //
@@ -54,32 +73,34 @@
 // (at most Options.MaxBodyBytes, at no less than Options.MinBodyRate after a
 // grace period, with no pause longer than Options.BodyIdleTimeout), so a
 // request waits with its whole body in memory and the wrapped handler never
-// waits on a slow client while it holds a slot. Its band is then found, in
-// this order:
+// waits on a slow client while it holds a slot. Its band is then what it
+// asks, but never more critical than its ceiling; what it asks is, in this
+// order:
 //
-//  1. the objective header, looked up case-insensitively in
-//     Options.Objectives (default: "critical" → band 0, "sheddable" → the
-//     last band, and every band's name → that band);
+//  1. the objective header, looked up in Options.Objectives (default:
+//     "critical" → band 0, "sheddable" → the last band, and every band's
+//     name → that band);
 //  2. Options.Classify, if set, for anything else;
 //  3. the body's top-level integer "priority" (vLLM's request field;
 //     BodyPriority), in Options.Priority's convention: vLLM's is lower
 //     first, so priority p is band clamp(p, 0, bands−1); unless
 //     Options.IgnoreBodyPriority;
-//  4. Options.DefaultObjective (default: the last band).
+//  4. nothing: the request goes to its ceiling.
 //
 // Memory is bounded by construction. Every body being read, waiting or
 // being served (until the wrapped handler returns) holds its buffer in one
 // budget, Options.MaxBodyMemory (DefaultMaxBodyMemory by default),
 // charged before the buffer is allocated: a body that does not fit is
 // refused 429 body-memory-full before more of it is read. A quarter of it
-// (Options.CriticalReserve) is kept for requests whose headers place them in
-// band 0, so sheddable uploads cannot take the memory a critical request
-// needs. While it waits, a body also counts against its band's byte budget
+// (Options.CriticalReserve) is kept for requests granted band 0 before their
+// body is read, so sheddable uploads cannot take the memory a critical
+// request needs. While it waits, a body also counts against its band's byte budget
 // (flowcontrol.BandConfig.MaxBytes). The request then waits in
 // Controller.Wait; once released, the wrapped handler runs with the buffered
-// body (its "priority" rewritten first if Options.ForwardPriority says so, so
-// that a model server running priority scheduling orders and preempts by the
-// gateway's band), and the controller's done is called when the handler
+// body (its "priority", if it has one, rewritten with the granted band's
+// value, or added or removed as Options.ForwardPriority says, so that a
+// model server running priority scheduling orders and preempts by the
+// gateway's band and never by the client's own value), and the controller's done is called when the handler
 // returns — the response fully written, streamed or not — or the client
 // left, or the handler panicked (the panic goes on after done, so
 // http.ErrAbortHandler keeps its meaning).
@@ -104,7 +125,7 @@
 //	body-too-large    413     x-should-retry: false
 //	body-timeout      408     x-should-retry: false, connection closed
 //	overloaded        503     Retry-After: 1, connection closed (Gateway.Serve's reserved connections)
-//	bad-body          400     x-should-retry: false
+//	bad-body          400     x-should-retry: false (also: a body whose priority cannot be rewritten)
 //
 // Capacity refusals are 429 and "the pool cannot serve it now" is 503, as in
 // llm-d. An expired request is 503 and not 429 because nothing about the

@@ -21,7 +21,9 @@ import (
 // the one endpoint) and tells Forward where each request went; everything
 // else is the gateway's. The server reports 10 waiting requests, so the
 // pool reads saturated: a critical request passes, one without an objective
-// waits as sheddable and gives up after its 50 ms (503 expired).
+// waits as sheddable and gives up after its 50 ms (503 expired). The gateway
+// trusts the objective header, as behind an authenticating front proxy that
+// sets it.
 func ExampleNewGateway() {
 	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
@@ -34,7 +36,8 @@ func ExampleNewGateway() {
 
 	bands := flowhttp.DefaultBands()
 	bands[1].MaxWait = 50 * time.Millisecond
-	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{model.URL}, Flow: flowcontrol.Config{Bands: bands}})
+	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{model.URL}, Flow: flowcontrol.Config{Bands: bands},
+		HTTP: flowhttp.Options{TrustObjectiveHeader: true}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -92,7 +95,8 @@ func ExampleRouter_Route() {
 	name := map[string]string{a.URL: "a", b.URL: "b"}
 
 	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{a.URL, b.URL},
-		HTTP: flowhttp.Options{ForwardPriority: flowhttp.PrioritySet},
+		// Behind an authenticating front proxy that sets the objective.
+		HTTP: flowhttp.Options{ForwardPriority: flowhttp.PrioritySet, TrustObjectiveHeader: true},
 		// Readings good for a minute: the output does not depend on how
 		// busy the machine running the example is.
 		Poller: saturation.PollerConfig{Scorer: saturation.Scorer{Staleness: time.Minute}}})
@@ -156,7 +160,7 @@ func ExampleRouter_Eligibility() {
 	defer a.Close()
 	defer b.Close()
 	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{Endpoints: []string{a.URL, b.URL},
-		HTTP:   flowhttp.Options{ForwardPriority: flowhttp.PrioritySet},
+		HTTP:   flowhttp.Options{ForwardPriority: flowhttp.PrioritySet, TrustObjectiveHeader: true},
 		Poller: saturation.PollerConfig{Scorer: saturation.Scorer{Staleness: time.Minute}}})
 	if err != nil {
 		log.Fatal(err)

@@ -18,6 +18,8 @@ import (
 )
 
 // Gate an existing handler: POSTs wait for their band's turn, GETs pass.
+// The host's Identify grants the critical band to its operators' key; any
+// other caller is held to the sheddable band, whatever header it sends.
 func ExampleHandler() {
 	var pool saturation.Value // the pool's saturation; a saturation.Poller in production
 	bands := []flowcontrol.BandConfig{{Name: "critical", Capacity: 100}, {Name: "sheddable", Capacity: 1000}}
@@ -28,11 +30,17 @@ func ExampleHandler() {
 	ctrl.Start(context.Background())
 	defer ctrl.Close()
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "completed") })
-	srv := httptest.NewServer(flowhttp.Handler(ctrl, api, flowhttp.Options{}))
+	identify := func(r *http.Request) (flowhttp.Identity, bool) {
+		if r.Header.Get("Authorization") == "Bearer ops-key" { // the host's own check
+			return flowhttp.Identity{Ceiling: 0, Flow: "ops"}, true
+		}
+		return flowhttp.Identity{}, false
+	}
+	srv := httptest.NewServer(flowhttp.Handler(ctrl, api, flowhttp.Options{Identify: identify}))
 	defer srv.Close()
 
 	req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
-	req.Header.Set(flowhttp.ObjectiveHeader, "critical")
+	req.Header.Set("Authorization", "Bearer ops-key")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)

@@ -128,62 +128,122 @@ type Result struct {
 // the controller remember arbitrary strings.
 const MaxFairnessIDLen = 128
 
-// flowOf returns the request's fairness id and deadline from its headers.
-func flowOf(r *http.Request, start time.Time) (string, time.Time) {
-	id := r.Header.Get(FairnessIDHeader)
-	if id == "" {
-		id = r.Header.Get(LegacyFairnessIDHeader)
+// clientFlow is the fairness id a request's headers name ("" if none or
+// unfit).
+func clientFlow(hd http.Header) string {
+	var id string
+	if v := hd[fairnessKey]; len(v) > 0 && v[0] != "" {
+		id = v[0]
+	} else if v := hd[legacyFairnessKey]; len(v) > 0 {
+		id = v[0]
 	}
 	if len(id) > MaxFairnessIDLen || strings.IndexFunc(id, func(c rune) bool { return c < 0x20 || c == 0x7f }) >= 0 {
 		id = ""
 	}
-	var deadline time.Time
+	return id
+}
+
+// deadlineOf is the request's deadline from its SLO header (zero: none).
+func deadlineOf(r *http.Request, start time.Time) time.Time {
 	if v := r.Header.Get(SLOTTFTHeader); v != "" {
 		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 && ms < int64(24*time.Hour/time.Millisecond) {
-			deadline = start.Add(time.Duration(ms) * time.Millisecond)
+			return start.Add(time.Duration(ms) * time.Millisecond)
 		}
 	}
-	return id, deadline
+	return time.Time{}
+}
+
+// Identity is who sent a request, as the host established it
+// (Options.Identify): the band it may use and the flow it queues in.
+type Identity struct {
+	// Ceiling is the most critical band the caller may use: its
+	// requests go to this band or a less critical one, never a more
+	// critical one. Out of range, it is clamped to the bands.
+	Ceiling int
+	// Flow is the caller's fairness id in a band with fairness
+	// (flowcontrol.BandConfig.Fairness), whatever the request's
+	// fairness-id header says. "" is flowcontrol.DefaultFlow, the flow
+	// anonymous callers share.
+	Flow string
 }
 
 // Options configures Handler and Gateway.Handler. The zero value protects:
-// a request that names no objective is gated as the most sheddable band's,
-// bodies are bounded in size, pace and total memory, and the critical band
-// keeps a share of that memory no other request can take. The bands' names
-// and byte budgets come from the controller (flowcontrol.BandConfig's Name
-// and MaxBytes): the bodies of a band's waiting requests together may not
-// exceed its MaxBytes (over it: 429 queue-bytes-full).
+// a client cannot place its request above the default (most sheddable)
+// band, whatever header or body it sends; bodies are bounded in size, pace
+// and total memory; and the critical band keeps a share of that memory no
+// other request can take. The bands' names and byte budgets come from the
+// controller (flowcontrol.BandConfig's Name and MaxBytes): the bodies of a
+// band's waiting requests together may not exceed its MaxBytes (over it:
+// 429 queue-bytes-full).
+//
+// A band is granted, not claimed: Identify (the host's) or, with
+// TrustObjectiveHeader, the objective header sets the most critical band a
+// request may use, its ceiling; without either the ceiling is
+// DefaultObjective's band. What the client asks (its objective header,
+// Classify's answer, its body's "priority") can only move it to a less
+// critical band than the ceiling.
 type Options struct {
-	// Objectives maps objective header values, case-insensitively, to
-	// bands. Nil: "critical" → 0, "sheddable" → the last band, and every
-	// band's name → itself. A map given replaces the default entirely.
+	// Identify, if set, tells who sent a request, from what its client
+	// cannot forge (an API key the host checks, r.TLS's verified chain, a
+	// header the host's authenticating front proxy sets): the identity's
+	// Ceiling is the most critical band the request may use, and its
+	// Flow the fairness id it queues under. ok false is an anonymous
+	// caller: ceiling as without Identify, and the flow shared by all
+	// anonymous callers (so none can out-share a tenant by naming many
+	// fairness ids). It runs before the body is read (it must not read
+	// r.Body), possibly more than once per request (Gateway.Serve's
+	// reserved connections ask too), so it should be cheap. Nil: every
+	// caller is anonymous, and its fairness-id header names its flow.
+	Identify func(r *http.Request) (id Identity, ok bool)
+	// TrustObjectiveHeader trusts the objective header from every caller
+	// Identify does not identify: its value grants the band, as in llm-d.
+	// Set it only behind a front proxy that authenticates callers and
+	// sets (or strips) the header itself; false (the default), the
+	// header can only lower a request below DefaultObjective's band, so
+	// a client cannot make itself critical.
+	TrustObjectiveHeader bool
+	// Objectives maps objective header values to bands; a value matches
+	// a key exactly, up to ASCII case ("Critical" is "critical", "CRİTİCAL"
+	// is neither). Nil: "critical" → 0, "sheddable" → the last band, and
+	// every band's name → itself. A map given replaces the default
+	// entirely. The header is a comma-separated list, and every line of
+	// it counts (x-llm-d-inference-objective and the legacy name
+	// together): a request asks for the least critical band its known
+	// values name, so a value a front proxy appends cannot lose to the
+	// client's own, and a client can only lower itself by adding one.
 	Objectives map[string]int
-	// DefaultObjective places a request nothing else places (no known
-	// objective header, no body priority, no Classify answer): an
-	// Objectives key or a band name. Empty means the last, most
+	// DefaultObjective is the band of a request no identity places: an
+	// Objectives key or a band name. It is the ceiling of every
+	// anonymous request (without TrustObjectiveHeader) and where a
+	// request that asks nothing goes. Empty means the last, most
 	// sheddable band, so a client cannot jump the queue by leaving the
-	// header out; set "critical" (or band 0's name) to trust unlabelled
-	// traffic instead.
+	// header out; set "critical" (or band 0's name) to trust every
+	// caller with every band.
 	DefaultObjective string
-	// Classify, if set, places requests the objective header does not
-	// (missing or unknown value), before the body's priority is
-	// consulted; ok false or a band out of range falls through. body is
-	// the buffered request body; do not keep it or change it.
+	// Classify, if set, answers for requests the objective header does
+	// not place (missing or unknown value), before the body's priority
+	// is consulted; ok false or a band out of range falls through. Its
+	// answer is an ask like the header's: it can lower a request below
+	// its ceiling, never raise it (Identify grants). body is the
+	// buffered request body; do not keep it or change it.
 	Classify func(r *http.Request, body []byte) (band int, ok bool)
 	// IgnoreBodyPriority stops flowhttp from placing a request by the
-	// "priority" field of its JSON body (see Priority).
+	// "priority" field of its JSON body (see Priority). A body priority
+	// only ever lowers a request below its ceiling.
 	IgnoreBodyPriority bool
 	// Priority is the model server's priority convention: how the body's
 	// "priority" is read, and written when ForwardPriority is
 	// PrioritySet. The zero value is vLLM's.
 	Priority Convention
 	// ForwardPriority says what happens to the body's "priority" field on
-	// its way to the wrapped handler: kept as the client sent it (the
-	// zero value), written with the request's band in the Priority
-	// convention (PrioritySet: the model server then schedules and
-	// preempts by the same band as the gateway), or removed
-	// (PriorityStrip: vLLM refuses a non-zero priority unless it runs
-	// with --scheduling-policy priority).
+	// its way to the wrapped handler: kept where the client wrote one,
+	// with the granted band's value in the Priority convention (the zero
+	// value, PriorityKeep: the client's own value never reaches the
+	// server), written with it whether or not the client wrote one
+	// (PrioritySet: the model server then schedules and preempts by the
+	// same band as the gateway), or removed (PriorityStrip: vLLM refuses
+	// a non-zero priority unless it runs with --scheduling-policy
+	// priority).
 	ForwardPriority PriorityMode
 	// Gated reports whether a request goes through flow control; the
 	// others go straight to the wrapped handler. Nil: DefaultGated.
@@ -198,8 +258,8 @@ type Options struct {
 	// DefaultMaxBodyMemory; negative: no bound.
 	MaxBodyMemory int64
 	// CriticalReserve is the part of MaxBodyMemory that only requests
-	// whose headers place them in band 0 (objective header, or
-	// DefaultObjective for unlabelled ones) may use, so uploads to the
+	// granted band 0 before their body is read (by Identify, the trusted
+	// objective header or DefaultObjective) may use, so uploads to the
 	// other bands cannot take the memory critical requests need. 0:
 	// MaxBodyMemory/4; negative: none.
 	CriticalReserve int64
@@ -226,6 +286,8 @@ type Options struct {
 var (
 	objectiveKey       = http.CanonicalHeaderKey(ObjectiveHeader)
 	legacyObjectiveKey = http.CanonicalHeaderKey(LegacyObjectiveHeader)
+	fairnessKey        = http.CanonicalHeaderKey(FairnessIDHeader)
+	legacyFairnessKey  = http.CanonicalHeaderKey(LegacyFairnessIDHeader)
 	bandKey            = http.CanonicalHeaderKey(BandHeader)
 	droppedKey         = http.CanonicalHeaderKey(DroppedReasonHeader)
 )
@@ -239,7 +301,9 @@ type intake struct {
 	bands      []band
 	used       []atomic.Int64 // bytes of waiting bodies per band
 	mem        *memory        // every body being read or waiting; nil: no bound
-	objectives map[string]int // lower-case keys
+	objectives map[string]int // keys lower-cased in ASCII
+	identify   func(*http.Request) (Identity, bool)
+	trust      bool // Options.TrustObjectiveHeader
 	classify   func(*http.Request, []byte) (int, bool)
 	bodyPrio   bool
 	conv       Convention
@@ -279,6 +343,8 @@ func Handler(c *flowcontrol.Controller, next http.Handler, opts Options) http.Ha
 func newIntake(c *flowcontrol.Controller, opts Options) (*intake, error) {
 	in := &intake{
 		c:        c,
+		identify: opts.Identify,
+		trust:    opts.TrustObjectiveHeader,
 		classify: opts.Classify,
 		bodyPrio: !opts.IgnoreBodyPriority,
 		conv:     opts.Priority,
@@ -298,22 +364,22 @@ func newIntake(c *flowcontrol.Controller, opts Options) (*intake, error) {
 		in.objectives["critical"] = 0
 		in.objectives["sheddable"] = n - 1
 		for i, b := range in.bands {
-			in.objectives[strings.ToLower(b.name)] = i
+			in.objectives[asciiLower(b.name)] = i
 		}
 	} else {
 		for k, v := range opts.Objectives {
 			if v < 0 || v >= n {
 				return nil, fmt.Errorf("flowhttp: Options.Objectives[%q] = %d: not a band in [0, %d)", k, v, n)
 			}
-			in.objectives[strings.ToLower(k)] = v
+			in.objectives[asciiLower(k)] = v
 		}
 	}
 	in.defBand = n - 1
 	if o := opts.DefaultObjective; o != "" {
-		b, ok := in.objectives[strings.ToLower(o)]
+		b, ok := in.objectives[asciiLower(o)]
 		if !ok {
 			for i, bd := range in.bands {
-				if strings.EqualFold(bd.name, o) {
+				if asciiEqualFold(bd.name, o) {
 					b, ok = i, true
 				}
 			}
@@ -381,59 +447,150 @@ func DefaultGated(r *http.Request) bool {
 	return true
 }
 
-// objective returns the request's objective header value: the llm-d one,
-// else the legacy one.
-func objective(hd http.Header) string {
-	if v := hd[objectiveKey]; len(v) > 0 && v[0] != "" {
-		return v[0]
+// asciiLower is s with its ASCII letters lower-cased and every other byte
+// kept: unlike strings.ToLower, it folds no other letter into ASCII
+// ("İ" stays "İ", not "i̇").
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
 	}
-	if v := hd[legacyObjectiveKey]; len(v) > 0 {
-		return v[0]
-	}
-	return ""
+	return string(b)
 }
 
-// headerBand is the band the headers alone give: the objective's, or ok
-// false when they name no known objective.
-func (in *intake) headerBand(hd http.Header) (int, bool) {
-	o := objective(hd)
-	if o == "" {
-		return 0, false
+// asciiEqualFold reports whether s and t are equal up to ASCII case: unlike
+// strings.EqualFold, "CRİTİCAL" is not "critical".
+func asciiEqualFold(s, t string) bool {
+	if len(s) != len(t) {
+		return false
 	}
-	if b, ok := in.objectives[o]; ok {
+	for i := 0; i < len(s); i++ {
+		a, b := s[i], t[i]
+		if 'A' <= a && a <= 'Z' {
+			a += 'a' - 'A'
+		}
+		if 'A' <= b && b <= 'Z' {
+			b += 'a' - 'A'
+		}
+		if a != b {
+			return false
+		}
+	}
+	return true
+}
+
+// objectiveBand looks one objective value up, exactly up to ASCII case,
+// without allocating.
+func (in *intake) objectiveBand(v string) (int, bool) {
+	if b, ok := in.objectives[v]; ok {
 		return b, true
 	}
-	b, ok := in.objectives[strings.ToLower(o)]
+	var buf [2 * flowcontrol.MaxBandNameLen]byte
+	if len(v) > len(buf) {
+		for k, b := range in.objectives {
+			if asciiEqualFold(k, v) {
+				return b, true
+			}
+		}
+		return 0, false
+	}
+	l := buf[:len(v)]
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		l[i] = c
+	}
+	b, ok := in.objectives[string(l)] // no allocation: a map index by a converted []byte
 	return b, ok
 }
 
-// preBand is the band a request counts as while its body is read: its
-// headers' band, else DefaultObjective's. Classify and the body's priority
-// may still move it once the body is in.
-func (in *intake) preBand(hd http.Header) int {
-	if b, ok := in.headerBand(hd); ok {
-		return b
+// headerBand is the band the objective headers ask for: the least critical
+// band any of their known values names (every line of both headers, each a
+// comma-separated list), or ok false when they name none. The least
+// critical wins because a client may always lower itself: a value it adds
+// cannot raise it, and a value a front proxy appends or sets beside the
+// client's is never overridden by a more critical one.
+func (in *intake) headerBand(hd http.Header) (band int, ok bool) {
+	band = -1
+	for _, key := range [2]string{objectiveKey, legacyObjectiveKey} {
+		for _, line := range hd[key] {
+			for line != "" {
+				var v string
+				v, line, _ = strings.Cut(line, ",")
+				if b, known := in.objectiveBand(strings.TrimSpace(v)); known && b > band {
+					band = b
+				}
+			}
+		}
 	}
-	return in.defBand
+	return band, band >= 0
 }
 
-// classifyBand applies the objective header, Classify, the body's
-// priority and DefaultObjective, in that order.
-func (in *intake) classifyBand(r *http.Request, body []byte) int {
+// grant is what a request's identity allows it, before its body is read:
+// ceiling, the most critical band it may use, and flow, its fairness id in
+// a band with fairness.
+func (in *intake) grant(r *http.Request) (ceiling int, flow string) {
+	if in.identify != nil {
+		if id, ok := in.identify(r); ok {
+			return min(max(id.Ceiling, 0), len(in.bands)-1), id.Flow
+		}
+		if !in.trust {
+			return in.defBand, "" // anonymous callers share one flow
+		}
+	}
+	flow = clientFlow(r.Header)
+	if in.trust {
+		if b, ok := in.headerBand(r.Header); ok {
+			return b, flow
+		}
+	}
+	return in.defBand, flow
+}
+
+// trustMode names, for the gateway's start log, whom the intake trusts with
+// a band.
+func (in *intake) trustMode() string {
+	switch {
+	case in.identify != nil && in.trust:
+		return "identity, else the objective header (trusted from every other caller)"
+	case in.identify != nil:
+		return "identity (Options.Identify): a client's header or body only lowers its band"
+	case in.trust:
+		return "objective header trusted from every caller (llm-d's; behind an authenticating front proxy only)"
+	}
+	return "no identity: a client's header or body only lowers its band below the default"
+}
+
+// preBand is the band a request counts as while its body is read: its
+// ceiling, lowered by what its headers ask. Classify and the body's
+// priority may still lower it once the body is in.
+func (in *intake) preBand(hd http.Header, ceiling int) int {
+	if b, ok := in.headerBand(hd); ok {
+		return max(b, ceiling)
+	}
+	return ceiling
+}
+
+// classifyBand is the granted band: what the request asks (its objective
+// header, else Classify's answer, else its body's priority prio if hasPrio,
+// else nothing), never more critical than its ceiling.
+func (in *intake) classifyBand(r *http.Request, body []byte, ceiling int, prio int64, hasPrio bool) int {
 	if b, ok := in.headerBand(r.Header); ok {
-		return b
+		return max(b, ceiling)
 	}
 	if in.classify != nil {
 		if b, ok := in.classify(r, body); ok && b >= 0 && b < len(in.bands) {
-			return b
+			return max(b, ceiling)
 		}
 	}
-	if in.bodyPrio && body != nil {
-		if p, ok := BodyPriority(body); ok {
-			return in.conv.band(p, len(in.bands))
-		}
+	if in.bodyPrio && hasPrio {
+		return max(in.conv.band(prio, len(in.bands)), ceiling)
 	}
-	return in.defBand
+	return ceiling
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -442,7 +599,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	res := Result{Band: h.preBand(r.Header)}
+	ceiling, flow := h.grant(r)
+	res := Result{Band: h.preBand(r.Header, ceiling)}
 	finish := func() {
 		if h.onFinish != nil {
 			h.onFinish(r, res)
@@ -459,7 +617,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		finish()
 		return
 	}
-	band := h.classifyBand(r, body)
+	prio, hasPrio, bad := readPriority(body)
+	if bad {
+		// A priority the server may read and the gateway cannot
+		// rewrite: it would reach the server as the client wrote it.
+		h.mem.release(held)
+		res.Waited = time.Since(start)
+		h.refuse(w, &res, fmt.Errorf("%w: a JSON body the gateway cannot parse, or not plain UTF-8", ErrBadBody))
+		finish()
+		return
+	}
+	band := h.classifyBand(r, body, ceiling, prio, hasPrio)
 	res.Band = band
 
 	// Reserve the body's bytes in the band's budget while it waits.
@@ -485,7 +653,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var permit flowcontrol.Permit
 	if h.bands[band].flows {
-		flow, deadline := flowOf(r, start)
+		deadline := deadlineOf(r, start)
 		res.Flow = flow
 		permit, err = h.c.WaitRequest(r.Context(), band, &flowcontrol.Request{Flow: flow, Cost: float64(len(body)), Deadline: deadline})
 	} else {
@@ -502,9 +670,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if h.fwdPrio != PriorityKeep {
-		body = rewritePriority(body, h.fwdPrio, h.conv.value(band, len(h.bands)))
-	}
+	body = rewritePriority(body, h.fwdPrio, h.conv.value(band, len(h.bands)))
 	// Forward with the buffered body. Expect: 100-continue was answered
 	// by net/http when the body was read; the wrapped handler must not
 	// pass it on.

@@ -21,7 +21,7 @@ import (
 
 func TestObjectiveHeaderSelectsBand(t *testing.T) {
 	bands := []flowcontrol.BandConfig{band("critical", 0, 0, 0), band("Standard", 0, 0, 0), band("sheddable", 0, 0, 0)}
-	e := start(t, bands, ok, flowhttp.Options{
+	e := start(t, bands, ok, flowhttp.Options{TrustObjectiveHeader: true,
 		DefaultObjective: "standard",
 		Classify: func(r *http.Request, body []byte) (int, bool) {
 			if strings.Contains(string(body), "batch") {
@@ -266,7 +266,7 @@ func TestPanicReleasesSlotAndRepanics(t *testing.T) {
 }
 
 func TestByteBudget(t *testing.T) {
-	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, 0, 100)}, ok, flowhttp.Options{})
+	e := start(t, []flowcontrol.BandConfig{band("", 0, 0, 0), band("", 0, 0, 100)}, ok, flowhttp.Options{TrustObjectiveHeader: true})
 	e.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -473,7 +473,7 @@ func TestShedIs429NotRetried(t *testing.T) {
 	}
 	ran := ctrl.Start(context.Background())
 	defer func() { ctrl.Close(); <-ran }()
-	srv := httptest.NewServer(flowhttp.Handler(ctrl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), flowhttp.Options{}))
+	srv := httptest.NewServer(flowhttp.Handler(ctrl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), flowhttp.Options{TrustObjectiveHeader: true}))
 	defer srv.Close()
 	resp, body, err := post(t, context.Background(), srv.URL+"/v1/completions", "sheddable", "{}")
 	if err != nil {
@@ -501,7 +501,7 @@ func TestShedIs429NotRetried(t *testing.T) {
 func TestFairnessIDHeader(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	bands := []flowcontrol.BandConfig{{Name: "critical", Capacity: 8}, {Name: "sheddable", Capacity: 8, Fairness: flowcontrol.FairnessRoundRobin, FlowCapacity: 1}}
-	e := start(t, bands, ok, flowhttp.Options{})
+	e := start(t, bands, ok, flowhttp.Options{TrustObjectiveHeader: true})
 	e.saturate(t, 1) // sheddable blocked
 	send := func(ctx context.Context, header, tenant string) (*http.Response, []byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/v1/completions", strings.NewReader("{}"))

@@ -59,7 +59,7 @@ func FuzzHandler(f *testing.F) {
 			if band == "" && (method == "POST" || method == "PUT") {
 				t.Fatalf("gated 200 without a band")
 			}
-		case 413, 503, 429:
+		case 413, 503, 429, 400:
 			var e struct {
 				Error struct{ Message, Type, Code string }
 			}

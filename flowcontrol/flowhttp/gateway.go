@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -44,11 +45,13 @@ const CreditQueueDepthThreshold = 6.25
 // critical (band 0, never gated: see flowcontrol.Dispatcher) and
 // sheddable. Their queues are long enough for a burst of a few seconds of a
 // busy pool; a sheddable request that waited two minutes is refused 503
-// expired rather than served after its client gave up.
+// expired rather than served after its client gave up. Both are
+// round-robin between flows (the callers' identities, see Options.Identify),
+// so one caller's flood adds one turn per round to another's wait.
 func DefaultBands() []flowcontrol.BandConfig {
 	return []flowcontrol.BandConfig{
-		{Name: "critical", Capacity: 1024, MaxWait: 30 * time.Second},
-		{Name: "sheddable", Capacity: 4096, MaxWait: 2 * time.Minute},
+		{Name: "critical", Capacity: 1024, MaxWait: 30 * time.Second, Fairness: flowcontrol.FairnessRoundRobin},
+		{Name: "sheddable", Capacity: 4096, MaxWait: 2 * time.Minute, Fairness: flowcontrol.FairnessRoundRobin},
 	}
 }
 
@@ -109,6 +112,10 @@ type GatewayConfig struct {
 	// NoCriticalKVRouting turns the critical routing off: band 0 is routed
 	// as every band (CriticalKVHeadroom must then be 0).
 	NoCriticalKVRouting bool
+	// Logger receives the gateway's one line at Start: whom it trusts
+	// with a band (Options.Identify, Options.TrustObjectiveHeader, or
+	// nobody). Nil: slog.Default().
+	Logger *slog.Logger
 }
 
 // DefaultCriticalKVHeadroom is GatewayConfig.CriticalKVHeadroom's default
@@ -138,6 +145,7 @@ type Gateway struct {
 	intake    *intake
 	col       *flowmetrics.Collector
 	extra     *gatewayCollector
+	logger    *slog.Logger
 
 	mu      sync.Mutex
 	state   int // 0 new, 1 running, 2 closed
@@ -236,6 +244,10 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	}
 	g.endpoints.poller = poller
 	g.extra = newGatewayCollector(g, mo)
+	g.logger = cfg.Logger
+	if g.logger == nil {
+		g.logger = slog.Default()
+	}
 	return g, nil
 }
 
@@ -280,10 +292,14 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 	}
 }
 
-// critical reports whether a request's headers place it in band 0 (its
-// objective, or DefaultObjective when it names none): what Serve keeps its
-// reserved connections for (ServerConfig.ReservedConns).
-func (g *Gateway) critical(h http.Header) bool { return g.intake.preBand(h) == 0 }
+// critical reports whether a request is granted band 0 before its body is
+// read (by its identity, the trusted objective header or DefaultObjective,
+// and not lowered by its headers): what Serve keeps its reserved
+// connections for (ServerConfig.ReservedConns).
+func (g *Gateway) critical(r *http.Request) bool {
+	ceiling, _ := g.intake.grant(r)
+	return g.intake.preBand(r.Header, ceiling) == 0
+}
 
 // Router returns the gateway's ready-made routing, which a host with its
 // own may ignore.
@@ -319,6 +335,8 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return ErrGatewayClosed
 	}
 	g.state = 1
+	g.logger.Info("flowgate: gateway started", "classification", g.intake.trustMode(),
+		"default_band", g.intake.bands[g.intake.defBand].name)
 	ctx, g.cancel = context.WithCancel(ctx)
 	g.stopped = make(chan struct{})
 	ran := g.ctrl.Start(ctx)

@@ -118,7 +118,7 @@ func readAll(t testing.TB, gw *flowhttp.Gateway) {
 func TestGatewayDefaultsGateUnlabelled(t *testing.T) {
 	p := newPod(t, nil)
 	p.waiting.Store(10) // score 2: saturated
-	gw, srv := runGateway(t, flowhttp.GatewayConfig{}, p)
+	gw, srv := runGateway(t, flowhttp.GatewayConfig{HTTP: flowhttp.Options{TrustObjectiveHeader: true}}, p)
 	readAll(t, gw)
 
 	unlabelled := make(chan int, 1)
@@ -312,7 +312,7 @@ func TestNewGatewayErrors(t *testing.T) {
 func TestGatewayServeDrainsAndReservesForCritical(t *testing.T) {
 	p := newPod(t, nil)
 	p.waiting.Store(10)
-	cfg := flowhttp.GatewayConfig{Endpoints: []string{p.srv.URL}}
+	cfg := flowhttp.GatewayConfig{Endpoints: []string{p.srv.URL}, HTTP: flowhttp.Options{TrustObjectiveHeader: true}}
 	cfg.Poller.Interval = 5 * time.Millisecond
 	cfg.Poller.Scorer.Staleness = 10 * time.Second
 	cfg.Poller.Timeout = 5 * time.Second

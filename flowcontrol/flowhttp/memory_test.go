@@ -23,7 +23,7 @@ import (
 // every byte is given back when its request leaves the queue.
 func TestBodyMemoryBudgetAndCriticalReserve(t *testing.T) {
 	const kib = 1 << 10
-	e := start(t, critShed(16, 0, 0), ok, flowhttp.Options{MaxBodyMemory: 1024 * kib, CriticalReserve: 256 * kib})
+	e := start(t, critShed(16, 0, 0), ok, flowhttp.Options{TrustObjectiveHeader: true, MaxBodyMemory: 1024 * kib, CriticalReserve: 256 * kib})
 	e.saturate(t, 1) // the sheddable band is blocked: its bodies wait
 	body := strings.Repeat("x", 200*kib)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -112,7 +112,7 @@ func (zeros) Read(b []byte) (int, error) {
 // budget, all 40 queued: +323 MiB), and a critical request sent meanwhile is
 // served.
 func TestConcurrentLargeUploadsBoundedHeap(t *testing.T) {
-	e := start(t, critShed(64, 0, 0), ok, flowhttp.Options{})
+	e := start(t, critShed(64, 0, 0), ok, flowhttp.Options{TrustObjectiveHeader: true})
 	e.saturate(t, 1)
 	runtime.GC()
 	var before runtime.MemStats

@@ -46,7 +46,11 @@ func (c Convention) value(b, n int) int {
 type PriorityMode int
 
 const (
-	// PriorityKeep forwards the body as the client sent it.
+	// PriorityKeep forwards the body as the client sent it, but for its
+	// top-level "priority", if it has one: that is written with the
+	// request's band in Options.Priority's convention, so a client's own
+	// value (say −1000000, ahead of every critical request under vLLM's
+	// priority scheduling) never reaches the server.
 	PriorityKeep PriorityMode = iota
 	// PrioritySet writes the request's band, in Options.Priority's
 	// convention, into the body's top-level "priority" (added or
@@ -65,8 +69,48 @@ const (
 // ("PRIORITY" is not "priority"), as the servers read them.
 func BodyPriority(body []byte) (int64, bool) { return scanPriority(body) }
 
+// readPriority is BodyPriority, and also reports as bad a body that a model
+// server may read a priority from but that flowhttp cannot rewrite: an
+// object that may name the key but that encoding/json refuses (Python's
+// json, vLLM's, reads NaN and Infinity), or a body that Python decodes as
+// UTF-8 with a byte-order mark, UTF-16 or UTF-32 (a BOM, or a NUL in the
+// first four bytes of a body with a '{').
+func readPriority(body []byte) (p int64, ok, bad bool) {
+	if hasBOM(body) {
+		return 0, false, true
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' || !mayNamePriority(body) {
+		return 0, false, false
+	}
+	if !json.Valid(body) {
+		return 0, false, true
+	}
+	p, ok = scanPriority(body)
+	return p, ok, false
+}
+
+// mayNamePriority reports whether a JSON text may hold the key "priority":
+// written literally or with a \u escape.
+func mayNamePriority(t []byte) bool {
+	return bytes.Contains(t, []byte("priority")) || bytes.Contains(t, []byte(`\u`))
+}
+
+// hasBOM reports whether body starts as Python's json.loads detects an
+// encoding other than plain UTF-8: a byte-order mark, or a NUL in the first
+// four bytes (UTF-16 or UTF-32 without one) of a body that has a '{' (a
+// binary upload has no object to read a priority from).
+func hasBOM(b []byte) bool {
+	switch {
+	case bytes.HasPrefix(b, []byte{0xEF, 0xBB, 0xBF}), bytes.HasPrefix(b, []byte{0xFE, 0xFF}), bytes.HasPrefix(b, []byte{0xFF, 0xFE}):
+		return true
+	}
+	return bytes.IndexByte(b[:min(len(b), 4)], 0) >= 0 && bytes.IndexByte(b, '{') >= 0
+}
+
 // rewritePriority returns body with its top-level "priority" set to value
-// (PrioritySet) or removed (PriorityStrip). A body that is not a JSON object
+// (PrioritySet; PriorityKeep only if the body has one) or removed
+// (PriorityStrip). A body that is not a JSON object
 // is returned as it is: the model server judges it. Only the priority
 // changes: every other field is copied as its raw JSON (their order becomes
 // sorted).
@@ -75,8 +119,8 @@ func rewritePriority(body []byte, mode PriorityMode, value int) []byte {
 	if len(t) == 0 || t[0] != '{' {
 		return body
 	}
-	if mode == PriorityStrip && !bytes.Contains(t, []byte("priority")) && !bytes.Contains(t, []byte(`\u`)) {
-		return body // nothing to strip
+	if mode != PrioritySet && !mayNamePriority(t) {
+		return body // nothing to strip or to overwrite
 	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(t, &fields) != nil || fields == nil {
@@ -84,6 +128,11 @@ func rewritePriority(body []byte, mode PriorityMode, value int) []byte {
 	}
 	switch mode {
 	case PrioritySet:
+		fields["priority"] = json.RawMessage(strconv.Itoa(value))
+	case PriorityKeep:
+		if _, ok := fields["priority"]; !ok {
+			return body
+		}
 		fields["priority"] = json.RawMessage(strconv.Itoa(value))
 	case PriorityStrip:
 		if _, ok := fields["priority"]; !ok {

@@ -52,7 +52,7 @@ func TestPropertyHeaderToBand(t *testing.T) {
 				}
 			}
 		}
-		h := flowhttp.Handler(c, ok, flowhttp.Options{
+		h := flowhttp.Handler(c, ok, flowhttp.Options{TrustObjectiveHeader: true,
 			DefaultObjective: defName,
 			Classify: func(*http.Request, []byte) (int, bool) {
 				return classified, classified >= 0
@@ -75,8 +75,12 @@ func TestPropertyHeaderToBand(t *testing.T) {
 					want = n - 1
 				}
 			}
+			fromHeader := want >= 0 // trusted: the header grants
 			if want < 0 && classified >= 0 && classified < n {
 				want = classified
+			}
+			if !fromHeader && want < defBand {
+				want = defBand // Classify only lowers below the ceiling
 			}
 			if want < 0 {
 				want = defBand

@@ -262,7 +262,7 @@ func TestBandOf(t *testing.T) {
 		}
 		got <- seen{b, ok, wb}
 	})
-	e := start(t, critShed(4, 0, 0), next, flowhttp.Options{})
+	e := start(t, critShed(4, 0, 0), next, flowhttp.Options{TrustObjectiveHeader: true})
 	for _, tc := range []struct {
 		method, objective, body string
 		want                    seen
@@ -270,7 +270,7 @@ func TestBandOf(t *testing.T) {
 		{http.MethodPost, "critical", `{}`, seen{0, true, 0}},
 		{http.MethodPost, "sheddable", `{}`, seen{1, true, 1}},
 		{http.MethodPost, "", `{}`, seen{1, true, 1}},                      // DefaultObjective: the last band
-		{http.MethodPost, "", `{"priority":0}`, seen{0, true, 0}},          // the body's priority
+		{http.MethodPost, "", `{"priority":0}`, seen{1, true, 1}},          // a body priority never raises
 		{http.MethodGet, "critical", "", seen{0, false, 0}},                // not gated
 		{http.MethodPost, "sheddable", `{"priority":0}`, seen{1, true, 1}}, // the header first
 	} {

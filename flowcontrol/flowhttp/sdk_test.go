@@ -63,7 +63,7 @@ func sdkClient(url string, opts ...option.RequestOption) openai.Client {
 }
 
 func TestOpenAISDKThroughHandler(t *testing.T) {
-	e := start(t, nil, openAIStub, flowhttp.Options{})
+	e := start(t, nil, openAIStub, flowhttp.Options{TrustObjectiveHeader: true})
 	c := sdkClient(e.srv.URL, option.WithHeader(flowhttp.ObjectiveHeader, "critical"))
 	ctx := context.Background()
 	prompt := openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}
@@ -113,7 +113,7 @@ func counting(n *atomic.Int64, h http.Handler) http.Handler {
 
 func TestOpenAISDKDecodesRefusals(t *testing.T) {
 	var hits atomic.Int64
-	e := start(t, critShed(1, 30*time.Millisecond, 0), openAIStub, flowhttp.Options{}, func(h http.Handler) http.Handler { return counting(&hits, h) })
+	e := start(t, critShed(1, 30*time.Millisecond, 0), openAIStub, flowhttp.Options{TrustObjectiveHeader: true}, func(h http.Handler) http.Handler { return counting(&hits, h) })
 	e.saturate(t, 1) // sheddable blocked
 	prompt := openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}
 	params := openai.CompletionNewParams{Model: "m", Prompt: prompt}
@@ -134,7 +134,7 @@ func TestOpenAISDKDecodesRefusals(t *testing.T) {
 	}
 
 	// 429 queue-full: fill the one sheddable place, then ask again.
-	e2 := start(t, critShed(1, 0, 0), openAIStub, flowhttp.Options{})
+	e2 := start(t, critShed(1, 0, 0), openAIStub, flowhttp.Options{TrustObjectiveHeader: true})
 	e2.saturate(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -270,9 +270,9 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 // and that new connection must not find the room still taken and be
 // closed at accept. For that instant the process may hold one connection
 // beyond MaxConns, the one being closed.
-func reserveForCritical(critical func(http.Header) bool, release func(net.Conn), next http.Handler) http.Handler {
+func reserveForCritical(critical func(*http.Request) bool, release func(net.Conn), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rc, ok := r.Context().Value(reservedKey{}).(*reservedConn); ok && r.Method != http.MethodGet && r.Method != http.MethodHead && !critical(r.Header) {
+		if rc, ok := r.Context().Value(reservedKey{}).(*reservedConn); ok && r.Method != http.MethodGet && r.Method != http.MethodHead && !critical(r) {
 			release(rc)
 			w.Header().Set("Connection", "close")
 			WriteError(w, http.StatusServiceUnavailable, ReasonOverloaded,

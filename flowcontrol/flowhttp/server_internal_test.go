@@ -64,7 +64,7 @@ func TestReserveRefusalFreesItsRoomAtOnce(t *testing.T) {
 	require.IsType(t, &reservedConn{}, reserved)
 
 	// A sheddable POST on the reserved connection: 503 overloaded, closed.
-	h := reserveForCritical(func(http.Header) bool { return false }, lim.release,
+	h := reserveForCritical(func(*http.Request) bool { return false }, lim.release,
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("a refused request reached the handler") }))
 	req := httptest.NewRequest(http.MethodPost, "/v1/completions", nil).WithContext(connContext(context.Background(), reserved))
 	rec := httptest.NewRecorder()

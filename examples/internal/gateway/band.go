@@ -10,6 +10,8 @@ const (
 )
 
 // A request's band is found by flowhttp (see its package documentation):
-// the objective header if it names a known objective (Config.Objectives),
-// else vLLM's body field "priority" (lower is more urgent; clamped to the
-// bands) unless bodyPriority is ignore, else the default band.
+// what it asks (the objective header if it names a known objective,
+// Config.Objectives, else vLLM's body field "priority", lower is more
+// urgent, unless bodyPriority is ignore), never above its ceiling: its API
+// key's tenant's (Options.APIKeys), else the default band, or with
+// Options.TrustObjectiveHeader the header's.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,9 +32,15 @@ func idleBackend(t testing.TB) *httptest.Server {
 // startProxy runs a proxy over one idle backend and waits until the pool
 // reads idle (every band open).
 func startProxy(t testing.TB, cfg Config) *Proxy {
-	cfg.Saturation.ScrapeInterval = 5 * time.Millisecond
-	cfg.Saturation.MetricsStalenessThreshold = time.Second
-	p, err := NewProxy(Options{Config: cfg, Backends: []string{idleBackend(t).URL}, Logf: func(string, ...any) {}})
+	return startProxyWith(t, Options{Config: cfg, TrustObjectiveHeader: true})
+}
+
+// startProxyWith is startProxy with options (Config, the trust settings).
+func startProxyWith(t testing.TB, opts Options) *Proxy {
+	opts.Config.Saturation.ScrapeInterval = 5 * time.Millisecond
+	opts.Config.Saturation.MetricsStalenessThreshold = time.Second
+	opts.Backends, opts.Logf = []string{idleBackend(t).URL}, func(string, ...any) {}
+	p, err := NewProxy(opts)
 	require.NoError(t, err)
 	p.Start()
 	t.Cleanup(p.Close)
@@ -64,9 +71,10 @@ func bandOf(t testing.TB, p *Proxy, cfg *Config, header, objective, body string)
 	return -1
 }
 
-// Band resolution: the objective header (llm-d's or the legacy one,
-// case-insensitive), else the body's integer priority clamped to the bands,
-// else the default band.
+// Band resolution, with the header trusted: the objective header (llm-d's
+// or the legacy one, ASCII case-insensitive), else the body's integer
+// priority clamped to the bands but never above the default band, else the
+// default band.
 func TestBandFor(t *testing.T) {
 	cfg := DefaultConfig()
 	p := startProxy(t, cfg)
@@ -78,8 +86,8 @@ func TestBandFor(t *testing.T) {
 		{ObjectiveHeader, "sheddable", ``, 1},
 		{ObjectiveHeader, "CRITICAL", ``, 0},
 		{LegacyObjectiveHeader, "critical", `{"priority":9}`, 0},
-		{ObjectiveHeader, "nope", `{"priority":0}`, 0}, // unknown objective falls through
-		{ObjectiveHeader, "", `{"priority":-5}`, 0},
+		{ObjectiveHeader, "nope", `{"priority":0}`, 1}, // unknown objective falls through; a body never raises
+		{ObjectiveHeader, "", `{"priority":-5}`, 1},
 		{ObjectiveHeader, "", `{"priority":1}`, 1},
 		{ObjectiveHeader, "", `{"priority":1000}`, 1},
 		{ObjectiveHeader, "", `{"prompt":"x"}`, 1},
@@ -90,10 +98,70 @@ func TestBandFor(t *testing.T) {
 	cfg.DefaultBand = 0
 	p0 := startProxy(t, cfg)
 	require.Equal(t, 0, bandOf(t, p0, &cfg, ObjectiveHeader, "", ""))
+	require.Equal(t, 1, bandOf(t, p0, &cfg, ObjectiveHeader, "", `{"priority":1}`), "a body lowers")
+}
+
+// API keys grant bands: a key's tenant is placed at most at its ceiling, an
+// anonymous caller at most at the default band whatever it sends, and with
+// StripLLMDHeaders the backend sees the tenant's objective and fairness id,
+// never the client's.
+func TestAPIKeys(t *testing.T) {
+	keys, err := ParseAPIKeys("# key tenant ceiling [flow]\nk-ops ops critical;k-batch batch sheddable batch-jobs\n")
+	require.NoError(t, err)
+	require.Equal(t, Tenant{Name: "batch", Ceiling: "sheddable", Flow: "batch-jobs"}, keys["k-batch"])
+	_, err = ParseAPIKeys("k a critical\nk b sheddable")
+	require.ErrorContains(t, err, "twice")
+	cfg := DefaultConfig()
+	p := startProxyWith(t, Options{Config: cfg, APIKeys: keys})
+	send := func(key, objective, body string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		if objective != "" {
+			req.Header.Set(ObjectiveHeader, objective)
+		}
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, req)
+		return slices.IndexFunc(cfg.Bands, func(b Band) bool { return b.Name == rec.Header().Get(BandHeader) })
+	}
+	require.Equal(t, 0, send("k-ops", "", `{}`))
+	require.Equal(t, 1, send("k-ops", "sheddable", `{}`), "a tenant lowers itself")
+	require.Equal(t, 1, send("k-batch", "critical", `{"priority":0}`))
+	require.Equal(t, 1, send("", "critical", `{"priority":0}`))
+	require.Equal(t, 1, send("wrong", "critical", `{}`))
+	_, err = NewProxy(Options{Config: cfg, Backends: []string{"http://127.0.0.1:1"}, APIKeys: map[string]Tenant{"k": {Name: "x", Ceiling: "gold"}}})
+	require.ErrorContains(t, err, "not a band")
+
+	id, err := newIdentifier(keys, cfg.Bands, true)
+	require.NoError(t, err)
+	req := httptest.NewRequest(http.MethodPost, "/", nil)
+	req.Header.Set("Authorization", "Bearer k-batch")
+	req.Header.Set(ObjectiveHeader, "critical")
+	req.Header.Set("X-Llm-D-Inference-Fairness-Id", "someone-else")
+	req.Header.Set("X-Gateway-Inference-Objective", "critical")
+	got, ok := id.identify(req)
+	require.True(t, ok)
+	require.Equal(t, 1, got.Ceiling)
+	require.Equal(t, "sheddable", req.Header.Get(ObjectiveHeader))
+	require.Equal(t, "batch-jobs", req.Header.Get(flowhttp.FairnessIDHeader))
+	require.Empty(t, req.Header.Get(LegacyObjectiveHeader))
+}
+
+// asciiLower lower-cases ASCII letters only, as flowhttp matches objectives.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // FuzzBandFor: any header value and body yield a valid band, and the
-// header decides exactly when it names a known objective (case-insensitively).
+// header (trusted) decides exactly when it names a known objective (ASCII
+// case-insensitively, the least critical of a comma-separated list).
 func FuzzBandFor(f *testing.F) {
 	f.Add("critical", []byte(`{"priority":1}`))
 	f.Add("", []byte(`{"priority":-7}`))
@@ -106,20 +174,25 @@ func FuzzBandFor(f *testing.F) {
 	p := startProxy(f, cfg)
 	lower := map[string]int{}
 	for k, v := range cfg.Objectives {
-		lower[strings.ToLower(k)] = v
+		lower[asciiLower(k)] = v
 	}
 	f.Fuzz(func(t *testing.T, objective string, body []byte) {
 		if strings.ContainsAny(objective, "\r\n\x00") {
 			return // not a header value net/http would deliver
 		}
 		band := bandOf(t, p, &cfg, ObjectiveHeader, objective, string(body))
-		v := objective
-		if b, known := lower[strings.ToLower(v)]; known && v != "" {
-			require.Equal(t, b, band)
+		asked := -1 // the least critical known value of the list, ASCII case-insensitively
+		for _, v := range strings.Split(objective, ",") {
+			if b, known := lower[asciiLower(strings.TrimSpace(v))]; known && b > asked {
+				asked = b
+			}
+		}
+		if asked >= 0 {
+			require.Equal(t, asked, band)
 			return
 		}
 		if p, ok := flowhttp.BodyPriority(body); ok {
-			require.Equal(t, int(min(max(p, 0), int64(len(cfg.Bands)-1))), band)
+			require.Equal(t, max(int(min(max(p, 0), int64(len(cfg.Bands)-1))), cfg.DefaultBand), band)
 			return
 		}
 		require.Equal(t, cfg.DefaultBand, band)

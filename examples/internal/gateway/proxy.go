@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -96,6 +97,20 @@ type Options struct {
 	// band, the status sent (0: none, the client left) and the reason
 	// ("forwarded" when the backend answered). Tests wait on it.
 	OnFinish func(band, code int, reason string)
+	// APIKeys maps API keys (Authorization: Bearer <key>) to tenants: the
+	// band a key's requests may use at most and their fairness id (see
+	// ParseAPIKeys). A request without a known key is anonymous: at most
+	// the default band. Nil: every caller is anonymous.
+	APIKeys map[string]Tenant
+	// TrustObjectiveHeader trusts the objective header from every caller
+	// without a key, as llm-d does: only behind a front proxy that
+	// authenticates and sets the header (flowhttp.Options).
+	TrustObjectiveHeader bool
+	// StripLLMDHeaders is llm-d's advice made a switch: every x-llm-d-*
+	// and x-gateway-inference-* request header is removed at ingress,
+	// and a request with a known key gets the objective (its ceiling
+	// band) and fairness id of its tenant, which the backend sees too.
+	StripLLMDHeaders bool
 	// OnPick, if set, is called on every choice of a backend, on the
 	// request path: with the instant the choice was made, every backend
 	// as the choice saw it (in Backends order) and the index of the one
@@ -327,6 +342,14 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	gc.HTTP.MinBodyRate = opts.MinBodyRate
 	gc.HTTP.BodyIdleTimeout = opts.BodyIdleTimeout
 	gc.HTTP.OnFinish = p.finished
+	gc.HTTP.TrustObjectiveHeader = opts.TrustObjectiveHeader
+	if opts.APIKeys != nil || opts.StripLLMDHeaders {
+		id, err := newIdentifier(opts.APIKeys, cfg.Bands, opts.StripLLMDHeaders)
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		gc.HTTP.Identify = id.identify
+	}
 	p.gw, err = flowhttp.NewGateway(gc)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
@@ -356,8 +379,11 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 func GatewayConfig(cfg Config, policy flowcontrol.CeilingPolicy) flowhttp.GatewayConfig {
 	bands := make([]flowcontrol.BandConfig, len(cfg.Bands))
 	for i, b := range cfg.Bands {
+		// Fairness inside every band unless the file says otherwise
+		// (flowhttp.DefaultBands'): round-robin between the callers'
+		// identities.
 		bands[i] = flowcontrol.BandConfig{Name: b.Name, Capacity: b.Capacity, MaxWait: b.MaxWait, MaxBytes: b.MaxBytes,
-			Fairness: b.Fairness, Ordering: b.Ordering, FlowCapacity: b.FlowCapacity}
+			Fairness: cmp.Or(b.Fairness, flowcontrol.FairnessRoundRobin), Ordering: b.Ordering, FlowCapacity: b.FlowCapacity}
 	}
 	sc := cfg.Saturation
 	gc := flowhttp.GatewayConfig{
