@@ -69,8 +69,15 @@ type running struct {
 // nofile > 0) in front of backend, and waits for its listening line.
 func runProxy(t *testing.T, nofile int, backend string, args ...string) *running {
 	t.Helper()
+	return runProxyAs(t, nofile, backend, append([]string{"-trust-objective-header"}, args...)...)
+}
+
+// runProxyAs is runProxy without -trust-objective-header: the proxy as it
+// ships, where a client's objective header can only lower its band.
+func runProxyAs(t *testing.T, nofile int, backend string, args ...string) *running {
+	t.Helper()
 	bin := proxyBinary(t)
-	args = append([]string{"-addr", "127.0.0.1:0", "-backends", backend, "-trust-objective-header"}, args...)
+	args = append([]string{"-addr", "127.0.0.1:0", "-backends", backend}, args...)
 	var cmd *exec.Cmd
 	if nofile > 0 {
 		cmd = exec.Command("sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), bin}, args...)...)
@@ -474,4 +481,57 @@ func TestBinaryStalledUploadsBoundedRSS(t *testing.T) {
 	require.Less(t, held, uploads, "every upload held: the budget did not refuse any")
 	close(stop)
 	wg.Wait()
+}
+
+// TestBinaryClientCannotClaimCritical: against the built proxy as it ships
+// (no -trust-objective-header), a client without a key that asks for the
+// critical band, by header or by a body "priority" of 0, lands in the
+// sheddable band and the server sees the granted band's priority; a client
+// whose API key grants critical gets it. The attacks of issue 31 (a body
+// "priority":0, vLLM's own default, placed a request in band 0) run against
+// the binary, not only the library.
+func TestBinaryClientCannotClaimCritical(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	b := newCustom(t, idleVLLM, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(body))
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	})
+	keys := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(keys, []byte("k-trusted tenant-a critical\n"), 0o600))
+	r := runProxyAs(t, 0, b.srv.URL, "-api-keys", keys)
+	ask := func(header, auth, body string) string {
+		raw := "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+		if header != "" {
+			raw += gateway.ObjectiveHeader + ": " + header + "\r\n"
+		}
+		if auth != "" {
+			raw += "Authorization: Bearer " + auth + "\r\n"
+		}
+		raw += fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body)
+		c, _, resp := dialAndAsk(t, r.addr, raw)
+		c.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, r.logs())
+		return resp.Header.Get(gateway.BandHeader)
+	}
+	for _, tc := range []struct{ what, header, body string }{
+		{"body priority 0", "", `{"prompt":"x","priority":0}`},
+		{"body priority -1", "", `{"prompt":"x","priority":-1}`},
+		{"duplicate keys ending in 0", "", `{"prompt":"x","priority":5,"priority":0}`},
+		{"escaped key", "", `{"prompt":"x","\u0070riority":0}`},
+		{"critical header", "critical", `{"prompt":"x"}`},
+		{"dotted capital I", "CR\u0130T\u0130CAL", `{"prompt":"x"}`},
+	} {
+		require.Equal(t, "sheddable", ask(tc.header, "", tc.body), tc.what)
+	}
+	require.Equal(t, "critical", ask("", "k-trusted", `{"prompt":"x"}`), "a key granted critical")
+	require.Equal(t, "sheddable", ask("sheddable", "k-trusted", `{"prompt":"x"}`), "a client may lower itself")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, body := range bodies[:6] {
+		require.NotContains(t, body, `"priority":0`, "a client's claim reached the server: %s", body)
+	}
 }
