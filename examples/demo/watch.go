@@ -126,7 +126,7 @@ func watchPhase(ctx context.Context, spec WatchSpec, pol watchPolicy, out io.Wri
 		return nil, err
 	}
 	defer st.close()
-	client := newClient()
+	client := newClient(nil)
 	defer client.CloseIdleConnections()
 
 	fmt.Fprintf(out, "\n%s (%s)\n", pol.name, pol.desc)

@@ -17,8 +17,9 @@ var liveLine = regexp.MustCompile(`(?m)^ +\d+(\.\d)?s +\d+\.\d\d\*? +\d+ +\d+ `)
 // TestWatch runs the watch mode for a few seconds of arrivals, with the
 // no-flow-control contrast, and once interrupted (Ctrl-C) mid-run. It checks
 // the output's shape (live lines, the summary) and that every request sent
-// got exactly one outcome; it asserts nothing on latencies. Its two runs,
-// and TestEndToEndOverload, run in parallel: they mostly wait on real time.
+// got exactly one outcome; it asserts nothing on latencies. Its two runs
+// run in parallel, with each other and TestEndToEndOverload: they mostly
+// wait on real time.
 func TestWatch(t *testing.T) {
 	t.Parallel()
 	checkPhases := func(t *testing.T, phases []*WatchPhase) {
