@@ -109,7 +109,7 @@ func scalePool(t testing.TB, n int, failing bool) ([]string, map[string]bool) {
 }
 
 // honestPods is the pool size of the honest-scale tests: 1,000 pods under
-// FLOWGATE_FULL=1, 200 otherwise, 50 under the race detector (which slows a
+// FLOWGATE_FULL=1, 100 otherwise, 50 under the race detector (which slows a
 // scrape about tenfold: there the tests check the accounting under
 // concurrency, at the defaults scaled by raceSlowdown; see honestConfig).
 func honestPods(t testing.TB) int {
@@ -122,8 +122,8 @@ func honestPods(t testing.TB) int {
 		t.Logf("full size (FLOWGATE_FULL=1): 1000 pods")
 		return 1000
 	}
-	t.Logf("default size: 200 pods (FLOWGATE_FULL=1 runs 1000)")
-	return 200
+	t.Logf("default size: 100 pods (FLOWGATE_FULL=1 runs 1000)")
+	return 100
 }
 
 // honestConfig is the default configuration over eps, with Interval,

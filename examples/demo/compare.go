@@ -130,7 +130,7 @@ func runProgram(ctx context.Context, spec CompareSpec, bin string, p gatewayProg
 			return res, err
 		}
 		fakes = append(fakes, f)
-		srv, url, err := listen(f)
+		srv, url, err := listen(nil, f)
 		if err != nil {
 			return res, err
 		}
@@ -185,7 +185,7 @@ func runProgram(ctx context.Context, spec CompareSpec, bin string, p gatewayProg
 	}
 	// Let the gateway scrape the idle backends once before the load.
 	time.Sleep(200 * time.Millisecond)
-	client := newClient()
+	client := newClient(nil)
 	defer client.CloseIdleConnections()
 	load, err := RunLoad(ctx, client, "http://"+addr+"/v1/completions", spec.Load, nil)
 	if err != nil {

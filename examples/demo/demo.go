@@ -16,6 +16,7 @@ import (
 
 	"github.com/flowgate/flowgate/examples/internal/fakevllm"
 	"github.com/flowgate/flowgate/examples/internal/gateway"
+	"github.com/flowgate/flowgate/examples/internal/memnet"
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
@@ -39,6 +40,11 @@ type DemoSpec struct {
 	// static ceiling at 1.0 (llm-d's default static-usage-limit-policy).
 	// A static threshold above MaxSaturation is no flow control.
 	Baseline gateway.PolicyRef
+	// Net, if set, is the network the load's client, the proxy and the
+	// fake backends talk over; nil: loopback TCP. The test runs on one in
+	// a testing/synctest bubble, where the model and the clients keep
+	// virtual time and a busy machine cannot make them late.
+	Net *memnet.Network
 }
 
 // baseline is spec's Baseline with its default, and the table's name for it.
@@ -54,6 +60,14 @@ func (spec DemoSpec) baseline() (gateway.PolicyRef, string) {
 		return ref, fmt.Sprintf("static (threshold %g)", ref.Threshold)
 	}
 	return ref, ref.Type
+}
+
+// clock says where the table's times were measured.
+func (spec DemoSpec) clock() string {
+	if spec.Net != nil {
+		return "over an in-memory network (virtual clock)"
+	}
+	return "over loopback (wall clock)"
 }
 
 // PhaseResult is one policy's run.
@@ -115,15 +129,24 @@ const maxBackendErrors = 10
 // GOMAXPROCS=1 reproduces it: 18 EOFs in 400 POSTs; none without.)
 const headerTimeout = 10 * time.Minute
 
-// listen starts an HTTP server for h on a loopback port.
-func listen(h http.Handler) (*http.Server, string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, "", err
+// listen starts an HTTP server for h on a loopback port, or on mem if set.
+func listen(mem *memnet.Network, h http.Handler) (*http.Server, string, error) {
+	var (
+		ln  net.Listener
+		url string
+	)
+	if mem != nil {
+		ln, url = mem.Listen()
+	} else {
+		tcp, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, "", err
+		}
+		ln, url = tcp, "http://"+tcp.Addr().String()
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: headerTimeout}
 	go func() { _ = srv.Serve(ln) }()
-	return srv, "http://" + ln.Addr().String(), nil
+	return srv, url, nil
 }
 
 // stack is one run's fake backends and the proxy in front of them, each
@@ -162,7 +185,7 @@ func startStack(spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (
 			return nil, err
 		}
 		s.fakes = append(s.fakes, f)
-		srv, url, err := listen(f)
+		srv, url, err := listen(spec.Net, f)
 		if err != nil {
 			return nil, err
 		}
@@ -185,13 +208,17 @@ func startStack(spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (
 			s.backendErrors = append(s.backendErrors, fmt.Sprintf(format, args...))
 		}
 	}
-	p, err := gateway.NewProxy(gateway.Options{Config: cfg, Backends: urls, Logf: logf})
+	opts := gateway.Options{Config: cfg, Backends: urls, Logf: logf}
+	if spec.Net != nil {
+		opts.DialContext = spec.Net.DialContext
+	}
+	p, err := gateway.NewProxy(opts)
 	if err != nil {
 		return nil, err
 	}
 	p.Start()
 	s.proxy = p
-	if s.psrv, s.url, err = listen(p); err != nil {
+	if s.psrv, s.url, err = listen(spec.Net, p); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -235,11 +262,13 @@ func (s *stack) lost(wall time.Duration) float64 {
 }
 
 // newClient is the load's HTTP client: enough idle connections for an
-// open-loop load, no compression.
-func newClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, DisableCompression: true,
-	}}
+// open-loop load, no compression; on mem if set.
+func newClient(mem *memnet.Network) *http.Client {
+	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, DisableCompression: true}
+	if mem != nil {
+		tr.DialContext = mem.DialContext
+	}
+	return &http.Client{Transport: tr}
 }
 
 // RunPhase starts fresh fake backends and a proxy with the given policy,
@@ -256,7 +285,7 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 	}
 	defer st.close()
 	p := st.proxy
-	client := newClient()
+	client := newClient(spec.Net)
 	defer client.CloseIdleConnections()
 
 	name := policy.Type
@@ -356,7 +385,7 @@ func printTable(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
 		}
 		return fmt.Sprintf("%+.1f %%", 100*(float64(b)-float64(a))/float64(a))
 	}
-	fmt.Fprintf(out, "\nTTFT measured by the HTTP client over loopback (wall clock; ×%g = model time)\n\n", spec.Load.SpeedUp)
+	fmt.Fprintf(out, "\nTTFT measured by the HTTP client %s (×%g = model time)\n\n", spec.clock(), spec.Load.SpeedUp)
 	_, baseName := spec.baseline()
 	fmt.Fprintf(out, "| metric | %s | soft-reflective | change |\n| --- | --- | --- | --- |\n", baseName)
 	row := func(name string, q float64, a, b []time.Duration) {
@@ -399,7 +428,7 @@ func printWide(out io.Writer, spec DemoSpec, rs []*PhaseResult) {
 	if len(rs) == 0 {
 		return
 	}
-	fmt.Fprintf(out, "\nTTFT measured by the HTTP client over loopback (wall clock; ×%g = model time)\n\n| metric |", spec.Load.SpeedUp)
+	fmt.Fprintf(out, "\nTTFT measured by the HTTP client %s (×%g = model time)\n\n| metric |", spec.clock(), spec.Load.SpeedUp)
 	for _, r := range rs {
 		fmt.Fprintf(out, " %s |", r.Policy)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/gateway"
+	"github.com/flowgate/flowgate/examples/internal/memnet"
 	"github.com/flowgate/flowgate/flowcontrol"
 )
 
@@ -26,6 +27,9 @@ type WatchSpec struct {
 	Contrast string
 	// Out receives the live lines and the summary; nil discards them.
 	Out io.Writer
+	// Net, if set, is the network the run talks over (see DemoSpec.Net);
+	// nil: loopback TCP.
+	Net *memnet.Network
 }
 
 // The contrast runs of the watch mode.
@@ -121,12 +125,12 @@ func RunWatch(ctx context.Context, spec WatchSpec) ([]*WatchPhase, error) {
 // watchPhase runs the load through fresh backends and a fresh proxy with
 // pol, printing a live line a second.
 func watchPhase(ctx context.Context, spec WatchSpec, pol watchPolicy, out io.Writer) (*WatchPhase, error) {
-	st, err := startStack(DemoSpec{Config: gateway.DefaultConfig(), Backends: spec.Backends, Load: spec.Load}, pol.ref, false)
+	st, err := startStack(DemoSpec{Config: gateway.DefaultConfig(), Backends: spec.Backends, Load: spec.Load, Net: spec.Net}, pol.ref, false)
 	if err != nil {
 		return nil, err
 	}
 	defer st.close()
-	client := newClient()
+	client := newClient(spec.Net)
 	defer client.CloseIdleConnections()
 
 	fmt.Fprintf(out, "\n%s (%s)\n", pol.name, pol.desc)
@@ -299,7 +303,7 @@ func printWatchSummary(out io.Writer, spec WatchSpec, phases []*WatchPhase) {
 	if len(phases) == 0 {
 		return
 	}
-	fmt.Fprintf(out, "\nSummary: TTFT measured by the client over loopback, whole run (wall clock; ×%g = model time)\n", spec.Load.SpeedUp)
+	fmt.Fprintf(out, "\nSummary: TTFT measured by the client %s, whole run (×%g = model time)\n", DemoSpec{Net: spec.Net}.clock(), spec.Load.SpeedUp)
 	for _, ph := range phases {
 		fmt.Fprintf(out, "  %s:\n", ph.Name)
 		for _, c := range []struct {

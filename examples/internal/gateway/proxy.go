@@ -116,6 +116,10 @@ type Options struct {
 	// as the choice saw it (in Backends order) and the index of the one
 	// chosen (see BackendState). Tests check the routing with it.
 	OnPick func(now time.Time, backends []BackendState, picked int)
+	// DialContext, if set, connects to the backends, for their requests
+	// and their /metrics, in place of a net.Dialer: the demo's test serves
+	// them on an in-memory network (see examples/internal/memnet).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // BackendState is what the choice of a backend knows of one: the backend
@@ -278,6 +282,9 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	if transport.ResponseHeaderTimeout == 0 {
 		transport.ResponseHeaderTimeout = 10 * time.Minute
 	}
+	if opts.DialContext != nil {
+		transport.DialContext = opts.DialContext
+	}
 	for i, raw := range opts.Backends {
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -335,6 +342,11 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	gc := GatewayConfig(cfg, policy)
 	gc.Endpoints = opts.Backends
 	gc.Poller.PeerInFlight = peers
+	if opts.DialContext != nil {
+		scrape := transport.Clone()
+		scrape.ResponseHeaderTimeout = 0 // the poller's Timeout bounds a scrape
+		gc.Poller.Client = &http.Client{Transport: scrape}
+	}
 	gc.Poller.Timeout = max(saturation.MinTimeout, min(sc.MetricsStalenessThreshold/2, saturation.DefaultTimeout))
 	gc.HTTP.MaxBodyBytes = opts.MaxBodyBytes
 	gc.HTTP.MaxBodyMemory = opts.MaxBodyMemory
