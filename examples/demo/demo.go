@@ -208,7 +208,11 @@ func startStack(spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (
 			s.backendErrors = append(s.backendErrors, fmt.Sprintf(format, args...))
 		}
 	}
-	opts := gateway.Options{Config: cfg, Backends: urls, Logf: logf}
+	// The load generator is the only client and names each request's
+	// band itself, as a front proxy that authenticated it would: the
+	// proxy trusts the objective header here (a deployment grants bands
+	// by API key instead; see examples/proxy/README.md).
+	opts := gateway.Options{Config: cfg, Backends: urls, Logf: logf, TrustObjectiveHeader: true}
 	if spec.Net != nil {
 		opts.DialContext = spec.Net.DialContext
 	}
