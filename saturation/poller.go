@@ -136,6 +136,14 @@ type PollerConfig struct {
 	// value (ErrBadValue) scores the pod 1 at once either way: the pod
 	// answered, and what it said is unusable.
 	FailFast bool
+	// OnReading, when set, is called with each pod's state right after a
+	// successful scrape's reading is applied (Reading the new one,
+	// LastAttempt when that scrape was sent, InFlight as Readings
+	// reports it), from the goroutine that scraped, outside the poller's
+	// lock: it may call Dispatched and Finished (a host that learns from
+	// the reading that some of its requests have finished, say), and it
+	// delays that pod's next scrape by as long as it runs. Nil: none.
+	OnReading func(PodReading)
 }
 
 // Reasons a pod is not usable, in PodReading.Reason.
@@ -706,7 +714,18 @@ func (p *Poller) apply(pd *pod, res scrapeResult) {
 	p.publishLocked()
 	p.live.seq.Add(1)
 	hook := p.onApply
+	var read PodReading
+	onReading := p.cfg.OnReading
+	if onReading != nil && res.err == nil {
+		read = pd.PodReading
+		read.InFlight = pd.cr.count() + pd.peers
+	} else {
+		onReading = nil
+	}
 	p.mu.Unlock()
+	if onReading != nil {
+		onReading(read)
+	}
 	if hook != nil {
 		hook(pd.Endpoint)
 	}

@@ -16,7 +16,8 @@ import (
 // over 10 s (408), 64 MiB of bodies held at once,
 // 64 KiB of headers, client connections capped at half the file-descriptor
 // limit with an eighth of that kept free (idle connections evicted first),
-// and a shutdown drain of at most 25 s whatever the clients do.
+// a client that leaves its answer unread cut after 30 s, and a shutdown
+// drain of at most 25 s whatever the clients do.
 type serverFlags struct {
 	idleTimeout       time.Duration
 	headerTimeout     time.Duration
@@ -26,6 +27,7 @@ type serverFlags struct {
 	maxConns          int
 	reservedConns     int
 	drainTimeout      time.Duration
+	writeStall        time.Duration
 	backendRespHeader time.Duration
 	bodyIdle          time.Duration
 	maxBodyMemory     int64
@@ -43,6 +45,8 @@ func (f *serverFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxConns, "max-conns", 0, "client connections held at most; 0: half the open-file limit")
 	fs.IntVar(&f.reservedConns, "reserved-conns", -1, "connections kept free for new clients by evicting idle ones first; -1: max-conns/8")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 25*time.Second, "on SIGTERM, wait at most this long for requests in flight, then cut them")
+	fs.DurationVar(&f.writeStall, "write-stall-timeout", flowhttp.DefaultWriteStallTimeout,
+		"cut a client that accepts none of its answer for this long (each write of 64 KiB at most must complete within it)")
 	fs.DurationVar(&f.backendRespHeader, "backend-response-header-timeout", 10*time.Minute,
 		"a backend must start its answer within this (a non-streamed completion answers only when done)")
 }
@@ -55,13 +59,13 @@ func (f *serverFlags) config() flowhttp.ServerConfig {
 		reserved = -1 // flowhttp's "none" (its 0 is the default)
 	}
 	return flowhttp.ServerConfig{ReadHeaderTimeout: f.headerTimeout, IdleTimeout: f.idleTimeout, MaxHeaderBytes: f.maxHeaderBytes,
-		MaxConns: f.maxConns, ReservedConns: reserved, DrainTimeout: f.drainTimeout}
+		MaxConns: f.maxConns, ReservedConns: reserved, DrainTimeout: f.drainTimeout, WriteStallTimeout: f.writeStall}
 }
 
 // validate fills the derived defaults and checks the values.
 func (f *serverFlags) validate() error {
 	for name, d := range map[string]time.Duration{"idle-timeout": f.idleTimeout, "header-timeout": f.headerTimeout,
-		"body-grace": f.bodyGrace, "body-idle-timeout": f.bodyIdle, "drain-timeout": f.drainTimeout, "backend-response-header-timeout": f.backendRespHeader} {
+		"body-grace": f.bodyGrace, "body-idle-timeout": f.bodyIdle, "drain-timeout": f.drainTimeout, "write-stall-timeout": f.writeStall, "backend-response-header-timeout": f.backendRespHeader} {
 		if d <= 0 {
 			return fmt.Errorf("proxy: -%s must be > 0, got %v", name, d)
 		}

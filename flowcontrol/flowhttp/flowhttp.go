@@ -680,7 +680,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.TransferEncoding = nil
 	r.Header.Del("Expect")
 	r.Header.Del("Content-Length")
-	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, bandIdx: band, intake: h.intake}
+	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, bandIdx: band, intake: h.intake, permit: permit}
 	res.Reason = ReasonForwarded
 	defer func() {
 		if rec.forwarded {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -143,6 +142,7 @@ type Gateway struct {
 	poller    *saturation.Poller
 	ctrl      *flowcontrol.Controller
 	intake    *intake
+	fwd       []forwardedList // per endpoint, by index: its requests forwarded and not done
 	col       *flowmetrics.Collector
 	extra     *gatewayCollector
 	logger    *slog.Logger
@@ -191,11 +191,33 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	if !cfg.NoCredit && pc.Scorer.QueueDepthThreshold == 0 {
 		pc.Scorer.QueueDepthThreshold = CreditQueueDepthThreshold
 	}
+	now := pc.Now
+	if now == nil {
+		now = time.Now
+	}
+	g.fwd = make([]forwardedList, len(urls))
+	for i, u := range urls {
+		g.fwd[i].endpoint, g.fwd[i].now = u, now
+	}
+	if !cfg.NoCredit {
+		user := pc.OnReading
+		pc.OnReading = func(r saturation.PodReading) {
+			if i, ok := g.endpoints.byMetric[r.Endpoint]; ok {
+				g.fwd[i].retire(r)
+			}
+			if user != nil {
+				user(r)
+			}
+		}
+	}
 	poller, err := saturation.NewPoller(pc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Poller: %w", ErrInvalidConfig, err)
 	}
 	g.poller = poller
+	for i := range g.fwd {
+		g.fwd[i].poller = poller
+	}
 	g.interval = pc.Interval
 	if g.interval == 0 {
 		g.interval = saturation.DefaultInterval
@@ -269,8 +291,16 @@ func (g *Gateway) Handler(next http.Handler) http.Handler {
 // the saturation moves before the next scrape. A request retried on another
 // endpoint calls Forward again (and the first done); an endpoint the
 // gateway does not know is not counted.
+//
+// With the credit on, the count ends early when the endpoint reports it
+// finished, whatever the client still does with the answer: when a scrape
+// sent at least a second after Forward shows fewer requests waiting and
+// running on the endpoint than the gateway forwarded there before, the
+// oldest of those beyond the server's count are done at once (their
+// controller slots released too), and their done does nothing.
 func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) {
-	if rec := recorderOf(w); rec != nil && rec.intake == g.intake && !rec.forwarded {
+	rec := recorderOf(w)
+	if rec != nil && rec.intake == g.intake && !rec.forwarded {
 		// From here on the poller counts it (the gap between release
 		// and forwarding is exported as a metric).
 		rec.forwarded = true
@@ -280,16 +310,16 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 	if !ok {
 		return func() {}
 	}
-	m := g.endpoints.murls[i]
-	if !g.poller.Dispatched(m) {
+	l := &g.fwd[i]
+	if !g.poller.Dispatched(l.endpoint) {
 		return func() {}
 	}
-	var once atomic.Bool
-	return func() {
-		if once.CompareAndSwap(false, true) {
-			g.poller.Finished(m)
-		}
+	f := &forwarded{}
+	if rec != nil && rec.intake == g.intake {
+		f.permit = rec.permit
 	}
+	l.push(f)
+	return func() { f.done(l) }
 }
 
 // critical reports whether a request is granted band 0 before its body is

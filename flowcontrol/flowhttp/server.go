@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -42,9 +43,27 @@ type ServerConfig struct {
 	// long to finish, then their connections are cut. 0: 25 s (under
 	// Kubernetes' default 30 s grace period).
 	DrainTimeout time.Duration
+	// WriteStallTimeout bounds how long a client may leave the answer
+	// unread: every write to a client connection must complete within it
+	// (a write of more than 64 KiB, per 64 KiB), or the connection is
+	// closed and the request's context cancelled, so its handler returns
+	// and releases what it holds (its endpoint's charge, its controller
+	// slot). A client that reads, however slowly, renews it with each
+	// write; a response that is slow to come (a backend thinking) is not
+	// bounded by it, nor does it carry over to the next request on the
+	// connection. A deadline a handler sets with
+	// http.ResponseController.SetWriteDeadline applies when it is the
+	// earlier. 0: DefaultWriteStallTimeout; negative: none (a client may
+	// hold a request for as long as it stays connected).
+	WriteStallTimeout time.Duration
 	// ErrorLog receives the server's connection errors. Nil: discarded.
 	ErrorLog *log.Logger
 }
+
+// DefaultWriteStallTimeout is ServerConfig.WriteStallTimeout's default:
+// far above a pause a reading client's network causes, and short enough
+// that a client which stops reading cannot hold a backend's charge for long.
+const DefaultWriteStallTimeout = 30 * time.Second
 
 // ReasonOverloaded is the reason of a non-critical request refused on a
 // connection of the reserve (ServerConfig.ReservedConns): 503.
@@ -65,6 +84,12 @@ func (c ServerConfig) withDefaults() (ServerConfig, error) {
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 25 * time.Second
+	}
+	switch {
+	case c.WriteStallTimeout == 0:
+		c.WriteStallTimeout = DefaultWriteStallTimeout
+	case c.WriteStallTimeout < 0:
+		c.WriteStallTimeout = 0 // none
 	}
 	switch {
 	case c.MaxHeaderBytes == 0:
@@ -133,6 +158,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, next http.Handler,
 		return err
 	}
 	lim := newConnLimiter(ln, cfg.MaxConns, cfg.ReservedConns)
+	lim.stall = cfg.WriteStallTimeout
 	srv := &http.Server{
 		Handler:           reserveForCritical(g.critical, lim.release, g.Handler(next)),
 		ConnContext:       connContext,
@@ -180,6 +206,7 @@ func drain(srv *http.Server, bound time.Duration) error {
 type connLimiter struct {
 	net.Listener
 	max, soft int
+	stall     time.Duration // ServerConfig.WriteStallTimeout; 0: none
 
 	mu    sync.Mutex
 	open  int
@@ -206,6 +233,9 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			l.mu.Unlock()
 			_ = c.Close() // full, nothing idle to evict
 			continue
+		}
+		if l.stall > 0 {
+			c = &stallConn{Conn: c, timeout: l.stall}
 		}
 		if l.open >= l.soft {
 			c = &reservedConn{c}
@@ -245,6 +275,64 @@ func (l *connLimiter) release(c net.Conn) {
 		delete(l.known, c)
 		delete(l.idle, c)
 		l.open--
+	}
+}
+
+// stallChunk is the most a stallConn writes under one deadline, so that a
+// large write is bounded by the client's progress, not by its size.
+const stallChunk = 64 << 10
+
+// stallConn is a client connection whose every write must complete within
+// timeout (ServerConfig.WriteStallTimeout): each write, 64 KiB at most,
+// first moves the write deadline to now + timeout, or to the deadline the
+// server or a handler set (SetWriteDeadline, SetDeadline) when that is
+// earlier. A deadline passed fails the write; net/http then cancels the
+// request's context and closes the connection.
+type stallConn struct {
+	net.Conn
+	timeout time.Duration
+	// set is the write deadline last set through the connection, in Unix
+	// nanoseconds; 0: none.
+	set atomic.Int64
+}
+
+func (c *stallConn) Write(b []byte) (int, error) {
+	written := 0
+	for {
+		d := time.Now().Add(c.timeout)
+		if s := c.set.Load(); s != 0 && s < d.UnixNano() {
+			d = time.Unix(0, s)
+		}
+		if err := c.Conn.SetWriteDeadline(d); err != nil {
+			return written, err
+		}
+		p := b[written:]
+		if len(p) > stallChunk {
+			p = p[:stallChunk]
+		}
+		n, err := c.Conn.Write(p)
+		written += n
+		if err != nil || written == len(b) {
+			return written, err
+		}
+	}
+}
+
+func (c *stallConn) SetWriteDeadline(t time.Time) error {
+	c.remember(t)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *stallConn) SetDeadline(t time.Time) error {
+	c.remember(t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *stallConn) remember(t time.Time) {
+	if t.IsZero() {
+		c.set.Store(0)
+	} else {
+		c.set.Store(t.UnixNano())
 	}
 }
 

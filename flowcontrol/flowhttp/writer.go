@@ -1,6 +1,10 @@
 package flowhttp
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/flowgate/flowgate/flowcontrol"
+)
 
 // recorder wraps a gated request's ResponseWriter: it remembers the final
 // status, lets 1xx answers through without taking them for the status, and
@@ -17,7 +21,8 @@ type recorder struct {
 	// release, and whether it was already handed to an endpoint.
 	intake    *intake
 	forwarded bool
-	reason    string // SetReason's
+	permit    flowcontrol.Permit // the request's controller slot, for Forward's early end
+	reason    string             // SetReason's
 }
 
 // SetReason tells flowhttp why the wrapped handler answered as it did, for
