@@ -60,7 +60,15 @@ func creditTolerance(_ *Poller, exact float64) float64 {
 
 // excessAtRest is Σ c_i(f_i) recomputed from every pod's word and hinge:
 // what the live excess must hold when no operation is half done.
-func excessAtRest(t tb, p *Poller) int64 {
+func excessAtRest(t tb, p *Poller) int64 { return atRest(t, p, (*creditHinge).excess) }
+
+// overAtRest is Σ max(0, f_i − T_i) recomputed the same way: what the live
+// over count must hold at rest.
+func overAtRest(t tb, p *Poller) int64 { return atRest(t, p, (*creditHinge).overUnits) }
+
+// atRest sums term(hinge, count) over every pod's word and the hinge it
+// names.
+func atRest(t tb, p *Poller, term func(*creditHinge, uint64) int64) int64 {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -69,21 +77,7 @@ func excessAtRest(t tb, p *Poller) int64 {
 		w := c.word.Load()
 		h := c.hinge(w)
 		require.NotNil(t, h, "at rest the word names the hinge in its slot")
-		sum += h.excess(w >> creditCountShift)
-	}
-	return sum
-}
-
-// overAtRest is Σ max(0, f_i − T_i) recomputed from every pod's word and
-// hinge: what the live over count must hold at rest.
-func overAtRest(t tb, p *Poller) int64 {
-	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var sum int64
-	for _, c := range *p.live.byEndpoint.Load() {
-		w := c.word.Load()
-		sum += c.hinge(w).overUnits(w >> creditCountShift)
+		sum += term(h, w>>creditCountShift)
 	}
 	return sum
 }

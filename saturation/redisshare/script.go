@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -56,15 +57,7 @@ local dir = redis.call('ZREVRANGE', KEYS[2], 0, tonumber(ARGV[5]) - 1)
 local ndir = redis.call('ZCARD', KEYS[2])
 local hashes, big = {}, 0
 local most = tonumber(ARGV[6])
-for i = 3, #KEYS do
-  if redis.call('HLEN', KEYS[i]) > most then
-    hashes[#hashes + 1] = {}
-    big = big + 1
-  else
-    hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i])
-  end
-end
-return {prev or '', dir, hashes, ndir, big}
+` + readHashes(3) + `return {prev or '', dir, hashes, ndir, big}
 `)
 
 // readScript reads the hashes KEYS, each only if it has at most ARGV[1]
@@ -73,15 +66,7 @@ return {prev or '', dir, hashes, ndir, big}
 var readScript = redis.NewScript(`
 local hashes, big = {}, 0
 local most = tonumber(ARGV[1])
-for i = 1, #KEYS do
-  if redis.call('HLEN', KEYS[i]) > most then
-    hashes[#hashes + 1] = {}
-    big = big + 1
-  else
-    hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i])
-  end
-end
-return {hashes, big}
+` + readHashes(1) + `return {hashes, big}
 `)
 
 // leaveScript deletes this replica's hash and directory entry, unless
@@ -286,4 +271,19 @@ func (h *histogram) snapshot() (buckets map[float64]uint64, count uint64, sum fl
 	}
 	c += uint64(h.counts[len(syncBuckets)].Load())
 	return buckets, c, float64(h.sumNs.Load()) / 1e9
+}
+
+// readHashes is the Lua loop both scripts read peers' hashes with: from
+// KEYS[first] on, each hash of at most most fields into hashes, a larger one
+// answered empty and counted in big (its owner is refused, not read).
+func readHashes(first int) string {
+	return "for i = " + strconv.Itoa(first) + `, #KEYS do
+  if redis.call('HLEN', KEYS[i]) > most then
+    hashes[#hashes + 1] = {}
+    big = big + 1
+  else
+    hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i])
+  end
+end
+`
 }
