@@ -61,24 +61,34 @@ type engine struct {
 
 	steps     atomic.Uint64
 	completed atomic.Uint64
+	aborted   atomic.Uint64
 	lost      atomic.Int64 // wall-clock nanoseconds the driver fell behind and forgave
 }
 
 func newEngine(cfg vllm.Config, speedUp float64) (*engine, error) {
+	e, err := build(cfg, speedUp)
+	if err != nil {
+		return nil, err
+	}
+	go e.loop()
+	return e, nil
+}
+
+// build returns an engine whose loop is not running: newEngine starts it;
+// the tests call begin and finish themselves.
+func build(cfg vllm.Config, speedUp float64) (*engine, error) {
 	rep, err := vllm.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	e := &engine{
+	return &engine{
 		speedUp: speedUp,
 		rep:     rep,
 		streams: map[uint64]*stream{},
 		wake:    make(chan struct{}, 1),
 		closed:  make(chan struct{}),
 		done:    make(chan struct{}),
-	}
-	go e.loop()
-	return e, nil
+	}, nil
 }
 
 // add submits a request to the model's waiting queue.
@@ -131,10 +141,9 @@ func (e *engine) loop() {
 		events  []vllm.Event
 	)
 	for {
-		e.mu.Lock()
-		d, evs, ok := e.rep.Begin(events[:0])
-		e.mu.Unlock()
-		events = evs
+		var d time.Duration
+		var ok bool
+		d, events, ok = e.begin(events[:0])
 		if !ok {
 			idle = true
 			select {
@@ -168,34 +177,71 @@ func (e *engine) loop() {
 				return
 			}
 		}
-		e.mu.Lock()
-		events = e.rep.Finish(events[:0])
-		e.metrics = e.rep.Metrics()
-		for _, q := range e.rep.Running() {
-			if s := e.streams[q.ID]; s != nil && s.reported != q.Generated() {
-				s.reported = q.Generated()
-				s.generated.Store(int64(s.reported))
-				s.wake()
-			}
-		}
-		for _, ev := range events {
-			if ev.Kind != vllm.Finished {
-				continue
-			}
-			if s := e.streams[ev.Req.ID]; s != nil {
-				delete(e.streams, ev.Req.ID)
-				s.generated.Store(int64(ev.Req.Generated()))
-				s.finished.Store(true)
-				s.wake()
-				e.completed.Add(1)
-				if e.onFinish != nil {
-					e.onFinish(ev.Req.Input, ev.Req.Generated())
-				}
-			}
-		}
-		e.mu.Unlock()
+		events = e.finish(events[:0])
 		e.steps.Add(1)
 	}
+}
+
+// begin schedules the model's next step: its duration, and false when the
+// model has nothing to do.
+func (e *engine) begin(events []vllm.Event) (time.Duration, []vllm.Event, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rep.Begin(events)
+}
+
+// finish applies the step begin scheduled, refreshes the exported gauges and
+// publishes each request's new tokens to its stream.
+func (e *engine) finish(events []vllm.Event) []vllm.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	events = e.rep.Finish(events)
+	e.metrics = e.rep.Metrics()
+	for _, q := range e.rep.Running() {
+		if s := e.streams[q.ID]; s != nil && s.reported != q.Generated() {
+			s.reported = q.Generated()
+			s.generated.Store(int64(s.reported))
+			s.wake()
+		}
+	}
+	for _, ev := range events {
+		if ev.Kind != vllm.Finished {
+			continue
+		}
+		if s := e.streams[ev.Req.ID]; s != nil {
+			delete(e.streams, ev.Req.ID)
+			s.generated.Store(int64(ev.Req.Generated()))
+			s.finished.Store(true)
+			s.wake()
+			e.completed.Add(1)
+			if e.onFinish != nil {
+				e.onFinish(ev.Req.Input, ev.Req.Generated())
+			}
+		}
+	}
+	return events
+}
+
+// abort takes s out of the model if it is still there (its client went
+// away): from the waiting queue or the running batch, its KV blocks freed, as
+// vLLM aborts a request whose connection closed. It reports whether s was in
+// the model; a finished request, or one of a closed engine, is not. The
+// gauges show the abort at once between steps; during a step (the request
+// may be in the batch the model is computing), at the step's end, as vLLM
+// applies aborts between steps.
+func (e *engine) abort(s *stream) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.streams[s.req.ID] != s {
+		return false
+	}
+	delete(e.streams, s.req.ID)
+	e.rep.Abort(&s.req)
+	e.aborted.Add(1)
+	if !e.rep.InStep() {
+		e.metrics = e.rep.Live()
+	}
+	return true
 }
 
 // shutdown wakes every stream still in the model; their handlers see the

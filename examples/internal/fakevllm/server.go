@@ -75,6 +75,11 @@ const (
 // max_tokens tokens (as with vLLM's ignore_eos), generated at the pace of
 // the replica model. Streams send one SSE event per token, flushed as the
 // model produces them, then "data: [DONE]".
+//
+// A request whose client goes away (its connection closes, streamed or not,
+// waiting or running) is aborted, as vLLM aborts it: it leaves the waiting
+// queue or the running batch and its KV blocks are freed, which the gauges
+// show at the end of the step in progress (at once if none is).
 type Server struct {
 	cfg     Config
 	eng     *engine
@@ -169,6 +174,10 @@ func (s *Server) Close() { s.eng.close() }
 
 // Completed returns the number of requests the model has finished.
 func (s *Server) Completed() uint64 { return s.eng.completed.Load() }
+
+// Aborted returns the number of requests taken out of the model unfinished
+// because their client went away.
+func (s *Server) Aborted() uint64 { return s.eng.aborted.Load() }
 
 // Steps returns the number of model steps run: a count that moves while the
 // model works, however slowly the machine runs it.
@@ -334,6 +343,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, status, "fakevllm: "+err.Error())
 		return
 	}
+	// A handler that returns before its request finished lost its client
+	// (the context ended, or a write failed): the model drops the request.
+	defer s.eng.abort(st)
 	model := req.Model
 	if model == "" {
 		model = s.cfg.Model
