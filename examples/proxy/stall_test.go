@@ -271,3 +271,47 @@ func TestStalledReadersCutAfterWriteStallTimeout(t *testing.T) {
 	require.EqualValues(t, forwarded, ended(), "backend streams still held by stalled clients")
 	require.Equal(t, len(conns), closed, "stalled connections still open")
 }
+
+// A request the gateway retires (its backend reported it finished while its
+// client still holds the answer unread) leaves the replicas' shared view at
+// once, not when its connection is cut: another replica routing by that
+// view stops seeing it. Here no write-stall timeout applies (httptest's
+// server), so the stalled connections stay open throughout.
+func TestRetiredRequestsLeaveTheSharedView(t *testing.T) {
+	rds := startRedis(t)
+	be := newStallBackend(t)
+	shared := func(id string) gateway.Config {
+		cfg := testConfig()
+		cfg.Shared = gateway.SharedConfig{Address: rds.Addr(), ReplicaID: id}
+		require.NoError(t, cfg.Shared.Validate(gateway.SharedFileFields))
+		return cfg
+	}
+	a, asrv := runGateway(t, shared("a"), gateway.Options{}, true, be.srv.URL)
+	b, _ := runGateway(t, shared("b"), gateway.Options{}, true, be.srv.URL)
+	eventually(t, "the replicas see each other", func() bool { return a.Shared().Peers() == 1 && b.Shared().Peers() == 1 })
+	const stalled = 4
+	start := time.Now()
+	for range stalled {
+		stalledClient(t, asrv.Listener.Addr().String())
+	}
+	others := b.Shared().Endpoint(be.srv.URL)
+	// b sees a's requests, then, once the backend reports them finished
+	// and the credit's grace has passed, sees them leave.
+	var seenAll, left time.Duration = -1, -1
+	deadline := time.Now().Add(10 * time.Second)
+	for left < 0 && time.Now().Before(deadline) {
+		switch n := others.Others(); {
+		case seenAll < 0 && n == stalled && be.received.Load() == stalled:
+			seenAll = time.Since(start)
+		case seenAll >= 0 && n == 0 && a.InFlight()[0] == 0:
+			left = time.Since(start)
+		}
+		time.Sleep(time.Millisecond) // polled with a deadline
+	}
+	t.Logf("%d stalled clients on replica a: b saw them %v after the first was sent, saw them leave %v after; a's own count %d; backend streams ended %d",
+		stalled, seenAll, left, a.InFlight()[0], be.ended.Load())
+	require.GreaterOrEqual(t, seenAll, time.Duration(0), "replica b never saw a's %d requests (it sees %d)", stalled, others.Others())
+	require.GreaterOrEqual(t, left, time.Duration(0), "replica b still sees %d of a's requests the backend finished (a's own count %d)",
+		others.Others(), a.InFlight()[0])
+	require.Zero(t, be.ended.Load(), "a stalled stream ended: the connections were cut, not retired")
+}
