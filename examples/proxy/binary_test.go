@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -534,4 +536,40 @@ func TestBinaryClientCannotClaimCritical(t *testing.T) {
 	for _, body := range bodies[:6] {
 		require.NotContains(t, body, `"priority":0`, "a client's claim reached the server: %s", body)
 	}
+}
+
+// binaryWriteStall, when set, is the -write-stall-timeout
+// TestBinaryStalledReaders runs the proxy with in place of
+// binaryStallTimeout, the bound it checks against: a large value (-args
+// -binary-write-stall-timeout 1h) shows the test fails without the timeout.
+var binaryWriteStall = flag.Duration("binary-write-stall-timeout", 0, "run TestBinaryStalledReaders' proxy with this -write-stall-timeout (0: binaryStallTimeout)")
+
+const binaryStallTimeout = time.Second
+
+// TestBinaryStalledReaders: the attack of issue 31 against the proxy as it
+// ships, with a short -write-stall-timeout, in front of two backends that
+// stream 64 MiB answers and report each request finished 20 ms after it
+// arrives. Seven clients per backend send a streaming completion and never
+// read. Sheddable probes sent once the backends are idle are served within
+// the credit's grace and a scrape, and the stalled connections are closed
+// (their backend streams cancelled) within binaryStallTimeout plus
+// stallGrace of the last one sent.
+func TestBinaryStalledReaders(t *testing.T) {
+	run := cmp.Or(*binaryWriteStall, binaryStallTimeout)
+	r := &stallRig{backends: []*stallBackend{newStallBackend(t), newStallBackend(t)}, client: &http.Client{Transport: &http.Transport{}}}
+	proc := runProxyAs(t, 0, r.backends[0].srv.URL+","+r.backends[1].srv.URL, "-write-stall-timeout", run.String())
+	r.addr = proc.addr
+	t.Cleanup(r.client.CloseIdleConnections)
+	base := r.idleProbes(t)
+	start := time.Now()
+	conns, forwarded := r.stall(t, stalledPerPod*len(r.backends))
+	sent := time.Since(start)
+	probed := r.probeAfterStall(t)
+	bound := sent + binaryStallTimeout + stallGrace
+	ended, last, closed := r.cut(conns, forwarded, start, start.Add(bound))
+	t.Logf("-write-stall-timeout %v; stalled clients %d (forwarded %d, sent in %v); idle-pool probes p50 %v max %v; after the stall: %v; backend streams ended %d/%d, the last %v after the first stall was sent (bound %v); client connections closed %d/%d",
+		run, len(conns), forwarded, sent, base[len(base)/2], base[len(base)-1], probed, ended, forwarded, last, bound, closed, len(conns))
+	probed.check(t)
+	require.EqualValues(t, forwarded, ended, "backend streams still held by stalled clients\n%s", proc.logs())
+	require.Equal(t, len(conns), closed, "stalled connections still open")
 }

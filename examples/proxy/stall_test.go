@@ -87,7 +87,7 @@ func stalledClient(t *testing.T, addr string) net.Conn {
 }
 
 // stallRig is the proxy, served by flowhttp's server over two stall
-// backends.
+// backends (or the built binary: p nil).
 type stallRig struct {
 	p        *gateway.Proxy
 	addr     string
@@ -122,13 +122,6 @@ func newStallRig(t *testing.T, sc flowhttp.ServerConfig) *stallRig {
 	return r
 }
 
-func (r *stallRig) received() (n int64) {
-	for _, b := range r.backends {
-		n += b.received.Load()
-	}
-	return n
-}
-
 // probe sends one sheddable completion; it reports how long it took, or
 // an error (its timeout included).
 func (r *stallRig) probe(timeout time.Duration) (time.Duration, error) {
@@ -156,14 +149,20 @@ func (r *stallRig) probe(timeout time.Duration) (time.Duration, error) {
 // before reached a backend (or was held in the queue for a second): the
 // attack of issue 31, about seven per pod.
 func (r *stallRig) stall(t *testing.T, n int) (conns []net.Conn, forwarded int) {
+	received := func() (n int64) {
+		for _, b := range r.backends {
+			n += b.received.Load()
+		}
+		return n
+	}
 	for range n {
-		before := r.received()
+		before := received()
 		conns = append(conns, stalledClient(t, r.addr))
 		deadline := time.Now().Add(time.Second)
-		for r.received() == before && time.Now().Before(deadline) {
+		for received() == before && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond) // polled with a deadline
 		}
-		if r.received() > before {
+		if received() > before {
 			forwarded++
 		}
 	}
@@ -172,23 +171,30 @@ func (r *stallRig) stall(t *testing.T, n int) (conns []net.Conn, forwarded int) 
 
 const stalledPerPod = 7
 
-// Seven clients per pod that send a streaming request and never read its
-// answer must not close the sheddable band: once the backends report them
-// finished, the in-flight credit stops counting them (a second after each
-// was forwarded, at the next scrape), whatever the clients do. Here the
-// write-stall timeout is off, so the stalled connections stay open
-// throughout: what frees the band is the credit alone.
-func TestStalledReadersDoNotPinTheGate(t *testing.T) {
-	r := newStallRig(t, flowhttp.ServerConfig{WriteStallTimeout: -1})
+// idleProbes is 5 probes on the pool before the stall, sorted.
+func (r *stallRig) idleProbes(t *testing.T) []time.Duration {
 	var base []time.Duration
 	for range 5 {
 		d, err := r.probe(3 * time.Second)
 		require.NoError(t, err, "probe on an idle pool")
 		base = append(base, d)
 	}
-	conns, forwarded := r.stall(t, stalledPerPod*len(r.backends))
-	require.Len(t, conns, stalledPerPod*len(r.backends))
-	// The backends have finished every request: their engines are idle.
+	slices.Sort(base)
+	return base
+}
+
+// probeRun is what 10 sheddable probes sent one after the other saw.
+type probeRun struct {
+	lat    []time.Duration // of those served, sorted
+	failed int             // timed out or refused
+	first  time.Duration   // from the run's start to the first served; -1: none
+}
+
+const probes, probeTimeout = 10, 3 * time.Second
+
+// probeAfterStall waits until the backends' engines are idle (they have
+// finished every request) and sends the probes.
+func (r *stallRig) probeAfterStall(t *testing.T) probeRun {
 	eventually(t, "the backends' engines idle", func() bool {
 		for _, b := range r.backends {
 			if b.running.Load() != 0 {
@@ -198,31 +204,51 @@ func TestStalledReadersDoNotPinTheGate(t *testing.T) {
 		return true
 	})
 	t0 := time.Now()
-	const probes, probeTimeout = 10, 3 * time.Second
-	var lat []time.Duration
-	var failed int
-	var firstServed time.Duration = -1
+	run := probeRun{first: -1}
 	for range probes {
 		d, err := r.probe(probeTimeout)
 		if err != nil {
-			failed++
+			run.failed++
 			continue
 		}
-		if firstServed < 0 {
-			firstServed = time.Since(t0)
+		if run.first < 0 {
+			run.first = time.Since(t0)
 		}
-		lat = append(lat, d)
+		run.lat = append(run.lat, d)
 	}
-	slices.Sort(base)
-	slices.Sort(lat)
-	t.Logf("stalled clients %d (forwarded %d), pool saturation %.2f; idle-pool probes p50 %v max %v; after the stall: %d/%d probes served, %d timed out (%v), first served %v after the backends went idle, served p50 %v max %v",
-		len(conns), forwarded, r.p.Poller().Saturation(), base[len(base)/2], base[len(base)-1],
-		len(lat), probes, failed, probeTimeout, firstServed, pct(lat, 0.5), pct(lat, 1))
-	require.Zero(t, failed, "sheddable probes timed out behind stalled readers")
-	// The first probe waits at most for the credit's grace and a scrape;
-	// the ones after it as on an idle pool.
-	require.Less(t, firstServed, 2*time.Second)
-	require.Less(t, lat[len(lat)-2], time.Second)
+	slices.Sort(run.lat)
+	return run
+}
+
+// check requires every probe served, the first within the credit's grace
+// and a scrape of the backends going idle, the ones after it as on an
+// idle pool.
+func (run probeRun) check(t *testing.T) {
+	require.Zero(t, run.failed, "sheddable probes timed out behind stalled readers")
+	require.Less(t, run.first, 2*time.Second)
+	require.Less(t, run.lat[len(run.lat)-2], time.Second)
+}
+
+func (run probeRun) String() string {
+	return fmt.Sprintf("%d/%d probes served, %d timed out (%v), first served %v after the backends went idle, served p50 %v max %v",
+		len(run.lat), probes, run.failed, probeTimeout, run.first, pct(run.lat, 0.5), pct(run.lat, 1))
+}
+
+// Seven clients per pod that send a streaming request and never read its
+// answer must not close the sheddable band: once the backends report them
+// finished, the in-flight credit stops counting them (a second after each
+// was forwarded, at the next scrape), whatever the clients do. Here the
+// write-stall timeout is off, so the stalled connections stay open
+// throughout: what frees the band is the credit alone.
+func TestStalledReadersDoNotPinTheGate(t *testing.T) {
+	r := newStallRig(t, flowhttp.ServerConfig{WriteStallTimeout: -1})
+	base := r.idleProbes(t)
+	conns, forwarded := r.stall(t, stalledPerPod*len(r.backends))
+	require.Len(t, conns, stalledPerPod*len(r.backends))
+	run := r.probeAfterStall(t)
+	t.Logf("stalled clients %d (forwarded %d), pool saturation %.2f; idle-pool probes p50 %v max %v; after the stall: %v",
+		len(conns), forwarded, r.p.Poller().Saturation(), base[len(base)/2], base[len(base)-1], run)
+	run.check(t)
 }
 
 func pct(d []time.Duration, q float64) time.Duration {
@@ -231,6 +257,40 @@ func pct(d []time.Duration, q float64) time.Duration {
 	}
 	return d[min(len(d)-1, int(q*float64(len(d))))]
 }
+
+// cut waits until deadline for the backends to end the forwarded streams
+// (the proxy cancels a cut client's backend request), then reads each
+// client's connection: a closed one ends (EOF or reset) once what its
+// sockets hold is drained; an open one would keep streaming or wait. It
+// returns the streams ended, when the last ended (since start; at the
+// deadline if some did not), and the connections closed.
+func (r *stallRig) cut(conns []net.Conn, forwarded int, start, deadline time.Time) (ended int64, last time.Duration, closed int) {
+	count := func() (n int64) {
+		for _, b := range r.backends {
+			n += b.ended.Load()
+		}
+		return n
+	}
+	for count() < int64(forwarded) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // polled with a deadline
+	}
+	last = time.Since(start)
+	drain := time.Now().Add(5 * time.Second) // one bound for all: an open connection waits it out
+	for _, c := range conns {
+		_ = c.SetReadDeadline(drain)
+		_, err := io.Copy(io.Discard, io.LimitReader(c, 4*stallStreamMiB<<20))
+		var ne net.Error
+		if !(errors.As(err, &ne) && ne.Timeout()) {
+			closed++
+		}
+	}
+	return count(), last, closed
+}
+
+// stallGrace is the time a stalled connection's sockets take to fill
+// before the proxy's writes block, with a margin for a loaded machine: a
+// connection is cut within the write-stall timeout plus this.
+const stallGrace = 4 * time.Second
 
 // A client that accepts no byte of its answer for WriteStallTimeout has its
 // connection cut: the stalled connections are closed within the timeout
@@ -242,32 +302,53 @@ func TestStalledReadersCutAfterWriteStallTimeout(t *testing.T) {
 	start := time.Now()
 	conns, forwarded := r.stall(t, stalledPerPod*len(r.backends))
 	sent := time.Since(start)
-	const bound = stallTimeout + 4*time.Second
-	deadline := time.Now().Add(bound)
-	ended := func() (n int64) {
-		for _, b := range r.backends {
-			n += b.ended.Load()
-		}
-		return n
-	}
-	for ended() < int64(forwarded) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond) // polled with a deadline
-	}
-	cut := time.Since(start)
-	// Each client now reads what its sockets hold: a closed connection
-	// ends (EOF or reset) once that is drained; an open one would keep
-	// streaming or wait.
-	closed := 0
-	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err := io.Copy(io.Discard, io.LimitReader(c, 4*stallStreamMiB<<20))
-		var ne net.Error
-		if !(errors.As(err, &ne) && ne.Timeout()) {
-			closed++
-		}
-	}
+	ended, last, closed := r.cut(conns, forwarded, start, time.Now().Add(stallTimeout+stallGrace))
 	t.Logf("stalled clients %d (forwarded %d, sent in %v); backend streams ended %d/%d, %v after the first was sent (bound %v); client connections closed %d/%d",
-		len(conns), forwarded, sent, ended(), forwarded, cut, sent+bound, closed, len(conns))
-	require.EqualValues(t, forwarded, ended(), "backend streams still held by stalled clients")
+		len(conns), forwarded, sent, ended, forwarded, last, sent+stallTimeout+stallGrace, closed, len(conns))
+	require.EqualValues(t, forwarded, ended, "backend streams still held by stalled clients")
 	require.Equal(t, len(conns), closed, "stalled connections still open")
+}
+
+// A request the gateway retires (its backend reported it finished while its
+// client still holds the answer unread) leaves the replicas' shared view at
+// once, not when its connection is cut: another replica routing by that
+// view stops seeing it. Here no write-stall timeout applies (httptest's
+// server), so the stalled connections stay open throughout.
+func TestRetiredRequestsLeaveTheSharedView(t *testing.T) {
+	rds := startRedis(t)
+	be := newStallBackend(t)
+	shared := func(id string) gateway.Config {
+		cfg := testConfig()
+		cfg.Shared = gateway.SharedConfig{Address: rds.Addr(), ReplicaID: id}
+		require.NoError(t, cfg.Shared.Validate(gateway.SharedFileFields))
+		return cfg
+	}
+	a, asrv := runGateway(t, shared("a"), gateway.Options{}, true, be.srv.URL)
+	b, _ := runGateway(t, shared("b"), gateway.Options{}, true, be.srv.URL)
+	eventually(t, "the replicas see each other", func() bool { return a.Shared().Peers() == 1 && b.Shared().Peers() == 1 })
+	const stalled = 4
+	start := time.Now()
+	for range stalled {
+		stalledClient(t, asrv.Listener.Addr().String())
+	}
+	others := b.Shared().Endpoint(be.srv.URL)
+	// b sees a's requests, then, once the backend reports them finished
+	// and the credit's grace has passed, sees them leave.
+	var seenAll, left time.Duration = -1, -1
+	deadline := time.Now().Add(10 * time.Second)
+	for left < 0 && time.Now().Before(deadline) {
+		switch n := others.Others(); {
+		case seenAll < 0 && n == stalled && be.received.Load() == stalled:
+			seenAll = time.Since(start)
+		case seenAll >= 0 && n == 0 && a.InFlight()[0] == 0:
+			left = time.Since(start)
+		}
+		time.Sleep(time.Millisecond) // polled with a deadline
+	}
+	t.Logf("%d stalled clients on replica a: b saw them %v after the first was sent, saw them leave %v after; a's own count %d; backend streams ended %d",
+		stalled, seenAll, left, a.InFlight()[0], be.ended.Load())
+	require.GreaterOrEqual(t, seenAll, time.Duration(0), "replica b never saw a's %d requests (it sees %d)", stalled, others.Others())
+	require.GreaterOrEqual(t, left, time.Duration(0), "replica b still sees %d of a's requests the backend finished (a's own count %d)",
+		others.Others(), a.InFlight()[0])
+	require.Zero(t, be.ended.Load(), "a stalled stream ended: the connections were cut, not retired")
 }

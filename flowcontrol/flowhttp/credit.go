@@ -21,6 +21,7 @@ type forwarded struct {
 	prev, next *forwarded
 	at         time.Time          // when Forward counted it (the poller's clock)
 	list       *forwardedList     // nil once done or retired
+	retired    bool               // retired by a reading (before its done)
 	permit     flowcontrol.Permit // its controller slot (zero: none)
 }
 
@@ -31,8 +32,10 @@ type forwardedList struct {
 	mu         sync.Mutex
 	head, tail *forwarded
 	endpoint   string // the poller's name for it (its metrics URL)
+	base       string // the host's name for it (as given to Forward)
 	poller     *saturation.Poller
 	now        func() time.Time
+	onRetire   func(endpoint string) // GatewayConfig.OnRetire, or nil
 }
 
 // push appends f, stamped now.
@@ -65,16 +68,18 @@ func (l *forwardedList) unlinkLocked(f *forwarded) {
 }
 
 // done ends f: the endpoint's count goes down, unless f was done or
-// retired already.
-func (f *forwarded) done(l *forwardedList) {
+// retired already. It reports whether f was retired.
+func (f *forwarded) done(l *forwardedList) (retired bool) {
 	l.mu.Lock()
 	if f.list != l {
+		retired = f.retired
 		l.mu.Unlock()
-		return
+		return retired
 	}
 	l.unlinkLocked(f)
 	l.mu.Unlock()
 	l.poller.Finished(l.endpoint)
+	return false
 }
 
 // retire applies a reading of the list's endpoint: of the requests
@@ -85,7 +90,8 @@ func (f *forwarded) done(l *forwardedList) {
 // does nothing later. So the credit never scores as waiting a request the
 // server reports finished (a client that stopped reading a streamed
 // answer, say). Requests of other clients or gateway replicas in S only
-// make it retire fewer.
+// make it retire fewer. The host's OnRetire is called once per request
+// retired, after the list's lock is released.
 func (l *forwardedList) retire(r saturation.PodReading) {
 	s := r.Waiting + r.Running
 	if !(s >= 0) || r.LastAttempt.IsZero() {
@@ -97,13 +103,21 @@ func (l *forwardedList) retire(r saturation.PodReading) {
 	for f := l.head; f != nil && f.at.Before(cutoff); f = f.next {
 		a++
 	}
+	n := 0
 	for k := float64(a) - math.Ceil(s); k > 0; k-- {
 		f := l.head
 		l.unlinkLocked(f)
+		f.retired = true
 		l.poller.Finished(l.endpoint)
 		// The request's controller slot too: it counts as released to
 		// the pool (the poller's Inc) until its Done.
 		f.permit.Done()
+		n++
 	}
 	l.mu.Unlock()
+	if l.onRetire != nil {
+		for range n {
+			l.onRetire(l.base)
+		}
+	}
 }

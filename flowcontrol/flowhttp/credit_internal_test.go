@@ -17,7 +17,8 @@ import (
 // The credit retires a forwarded request once a scrape sent creditGrace
 // after it shows the server with fewer requests than the gateway forwarded
 // there: the oldest first, as many as the server no longer counts; their
-// done does nothing later, the others' still count down.
+// done does nothing later but report them retired, the others' still count
+// down; OnRetire hears of each retired request once.
 func TestCreditRetiresWhatTheServerReportsFinished(t *testing.T) {
 	var running atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -27,8 +28,12 @@ func TestCreditRetiresWhatTheServerReportsFinished(t *testing.T) {
 	var now atomic.Int64 // the poller's clock, in ns from t0
 	t0 := time.Unix(1000, 0)
 	clock := func() time.Time { return t0.Add(time.Duration(now.Load())) }
-	var seen atomic.Int64
-	g, err := NewGateway(GatewayConfig{Endpoints: []string{srv.URL}, Poller: saturation.PollerConfig{
+	var seen, retired atomic.Int64
+	onRetire := func(ep string) {
+		require.Equal(t, srv.URL, ep)
+		retired.Add(1)
+	}
+	g, err := NewGateway(GatewayConfig{Endpoints: []string{srv.URL}, OnRetire: onRetire, Poller: saturation.PollerConfig{
 		Now: clock, Scorer: saturation.Scorer{Staleness: time.Hour}, Timeout: time.Minute,
 		OnReading: func(saturation.PodReading) { seen.Add(1) }}})
 	require.NoError(t, err)
@@ -40,7 +45,7 @@ func TestCreditRetiresWhatTheServerReportsFinished(t *testing.T) {
 		require.NoError(t, g.poller.Scrape(context.Background()))
 	}
 	w := httptest.NewRecorder()
-	var done []func()
+	var done []func() bool
 	for range 3 {
 		done = append(done, g.Forward(w, srv.URL))
 	}
@@ -49,19 +54,25 @@ func TestCreditRetiresWhatTheServerReportsFinished(t *testing.T) {
 	require.EqualValues(t, 3, g.poller.InFlight(m))
 	scrapeAt(creditGrace + time.Millisecond) // 3 forwarded before, 1 running
 	require.EqualValues(t, 1, g.poller.InFlight(m))
+	require.EqualValues(t, 2, retired.Load())
 	late := g.Forward(w, srv.URL) // after the cutoff of the next scrape
 	running.Store(0)
 	scrapeAt(creditGrace + 2*time.Millisecond)
 	require.EqualValues(t, 1, g.poller.InFlight(m), "the late request is not the server's to show yet")
-	done[0]()
-	done[1]()
+	require.True(t, done[0](), "a retired request's done reports it")
+	require.True(t, done[1]())
 	require.EqualValues(t, 1, g.poller.InFlight(m), "a retired request's done counted")
 	scrapeAt(2*creditGrace + 2*time.Millisecond)
 	require.EqualValues(t, 0, g.poller.InFlight(m))
-	done[2]()
-	late()
-	late()
+	require.True(t, done[2]())
+	require.True(t, late())
+	require.True(t, late())
 	require.EqualValues(t, 0, g.poller.InFlight(m))
+	require.EqualValues(t, 4, retired.Load(), "OnRetire once per retired request")
+	d := g.Forward(w, srv.URL)
+	require.False(t, d(), "a request done before any scrape showed it was not retired")
+	require.False(t, d())
+	require.False(t, g.Forward(w, "http://unknown:1")(), "an endpoint the gateway does not know")
 	require.Zero(t, g.poller.Unbalanced(), "a done landed twice")
 	require.EqualValues(t, 4, seen.Load(), "the host's OnReading is still called")
 }

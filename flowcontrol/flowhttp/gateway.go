@@ -93,6 +93,12 @@ type GatewayConfig struct {
 	// two scrapes close the gate before they fill the pool. Off, the
 	// saturation is what the last scrape said.
 	NoCredit bool
+	// OnRetire is called once for each forwarded request the credit
+	// retires (see Forward), with its endpoint as given to Forward, from
+	// the poller's goroutine: a host that counts its requests per endpoint
+	// elsewhere (the replicas' shared view) takes it out there, and skips
+	// it when its done reports it retired. Nil: not called.
+	OnRetire func(endpoint string)
 	// HTTP configures Handler (classification, body bounds, OnFinish);
 	// its zero value protects (see Options).
 	HTTP Options
@@ -197,7 +203,7 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	}
 	g.fwd = make([]forwardedList, len(urls))
 	for i, u := range urls {
-		g.fwd[i].endpoint, g.fwd[i].now = u, now
+		g.fwd[i].endpoint, g.fwd[i].base, g.fwd[i].now, g.fwd[i].onRetire = u, g.endpoints.bases[i], now, cfg.OnRetire
 	}
 	if !cfg.NoCredit {
 		user := pc.OnReading
@@ -297,8 +303,9 @@ func (g *Gateway) Handler(next http.Handler) http.Handler {
 // sent at least a second after Forward shows fewer requests waiting and
 // running on the endpoint than the gateway forwarded there before, the
 // oldest of those beyond the server's count are done at once (their
-// controller slots released too), and their done does nothing.
-func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) {
+// controller slots released too, GatewayConfig.OnRetire called), and their
+// done does nothing but report retired true; it reports false otherwise.
+func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func() (retired bool)) {
 	rec := recorderOf(w)
 	if rec != nil && rec.intake == g.intake && !rec.forwarded {
 		// From here on the poller counts it (the gap between release
@@ -308,19 +315,22 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func()) 
 	}
 	i, ok := g.endpoints.index[endpoint]
 	if !ok {
-		return func() {}
+		return notCounted
 	}
 	l := &g.fwd[i]
 	if !g.poller.Dispatched(l.endpoint) {
-		return func() {}
+		return notCounted
 	}
 	f := &forwarded{}
 	if rec != nil && rec.intake == g.intake {
 		f.permit = rec.permit
 	}
 	l.push(f)
-	return func() { f.done(l) }
+	return func() bool { return f.done(l) }
 }
+
+// notCounted is the done of a request Forward did not count.
+func notCounted() bool { return false }
 
 // critical reports whether a request is granted band 0 before its body is
 // read (by its identity, the trusted objective header or DefaultObjective,

@@ -142,7 +142,7 @@ func TestLeastLoadedForMatchesModel(t *testing.T) {
 		m := &routeModel{headroom: headroom, kv: make([]float64, n), ok: make([]bool, n), inflight: make([]int, n)}
 		type open struct {
 			i    int
-			done func()
+			done func() bool
 		}
 		var live []open
 		kvs := []float64{0, 0.3, 0.85, 0.9, 0.95, 0.99, 1}

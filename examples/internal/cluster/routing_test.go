@@ -53,7 +53,7 @@ func TestInFlightRoutingIsLeastLoaded(t *testing.T) {
 		s, g := routingSim(n, Config{Routing: RoutingInFlight})
 		type open struct {
 			r    int
-			done func()
+			done func() bool
 		}
 		var live []open
 		for step := range rapid.IntRange(1, 200).Draw(t, "steps") {
@@ -140,7 +140,7 @@ func TestCriticalKVRoutingIsLeastLoadedFor(t *testing.T) {
 		scrape() // the sim's gateway reads every replica before its first request
 		type open struct {
 			r    int
-			done func()
+			done func() bool
 		}
 		var live []open
 		for step := range rapid.IntRange(1, 200).Draw(t, "steps") {

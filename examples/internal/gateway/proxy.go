@@ -342,6 +342,7 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	gc := GatewayConfig(cfg, policy)
 	gc.Endpoints = opts.Backends
 	gc.Poller.PeerInFlight = peers
+	gc.OnRetire = p.retired
 	if opts.DialContext != nil {
 		scrape := transport.Clone()
 		scrape.ResponseHeaderTimeout = 0 // the poller's Timeout bounds a scrape
@@ -681,10 +682,16 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.inc()
-	defer b.dec()
 	// The gateway counts the request on its backend at once (the in-flight
 	// credit, when on, moves the saturation now, not at the next scrape).
-	defer p.gw.Forward(w, b.label)()
+	// A request it retired (the backend reported it finished) has left b's
+	// count already (retired).
+	done := p.gw.Forward(w, b.label)
+	defer func() {
+		if !done() {
+			b.dec()
+		}
+	}()
 	rec := &statusRecorder{ResponseWriter: w}
 	defer func() {
 		// A stream the backend cut (not the client) aborts the handler
@@ -816,6 +823,19 @@ func (p *Proxy) pick(band int) *backend {
 		p.onPick(time.Unix(0, now), seen, bestAt)
 	}
 	return best
+}
+
+// retired takes out of its backend's count (the replicas' shared view
+// included) a request the gateway retired: the backend reported it
+// finished while its client still holds the answer (see
+// flowhttp.Gateway.Forward). The request's done then skips it.
+func (p *Proxy) retired(endpoint string) {
+	for _, b := range p.backends {
+		if b.label == endpoint {
+			b.dec()
+			return
+		}
+	}
 }
 
 // BackendErrorLog is the format of the line the proxy logs (Options.Logf)
