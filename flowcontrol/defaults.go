@@ -4,8 +4,7 @@ import "time"
 
 // Defaults applied by NewDispatcher and NewController to zero-valued fields.
 // Keep every default here, in one place. Open bands without a backlog
-// release everything on arrival, so the defaults only shape paced bands;
-// examples/sim/README.md measures them.
+// release everything on arrival, so the defaults only shape paced bands.
 const (
 	// DefaultTick is the period of the dispatcher's clock in Run: gates
 	// are re-evaluated, saturation is read and expiries are applied once

@@ -703,9 +703,8 @@ func (s *schedule[T]) start(d *Dispatcher[T]) time.Duration {
 // counts releases at once closes the gate during the catch-up as between
 // punctual ticks. A longer stall is an outage, not contention: its remaining
 // grid points are dropped, as a time.Ticker drops ticks, so an outage does
-// not end in a flood. 200 ms covers the lateness measured on a busy 2-core
-// host and one CFS period (see BenchmarkGatedRate). Step-driven hosts are
-// unaffected.
+// not end in a flood. 200 ms covers a busy host's timer lateness and one CFS
+// period (BenchmarkGatedRate measures it). Step-driven hosts are unaffected.
 const catchUp = 200 * time.Millisecond
 
 // catchUpTicks is the number of missed grid points a late timer makes up

@@ -61,8 +61,7 @@
 // waiting requests by their prompt tokens (flowhttp.Gateway ships it at
 // DefaultPromptTokenThreshold), Scorer.Projection scores KV usage at the
 // running requests' expected completion or steady batch, and
-// Scorer.PoolMax takes the most saturated pod instead of the mean
-// (examples/sim/README.md compares them).
+// Scorer.PoolMax takes the most saturated pod instead of the mean.
 //
 // In-flight credit (Scorer.InFlightCredit) closes the gap between a dispatch
 // and the next scrape: requests this host has sent to a pod beyond what the

@@ -18,11 +18,11 @@ const (
 	DefaultStaleness = 200 * time.Millisecond
 )
 
-// DefaultPromptTokenThreshold is the Scorer.PromptTokenThreshold that
-// flowhttp.Gateway ships (the zero Scorer stays the reference formula,
-// without the term): a pod is saturated when half of vLLM's default token
-// budget of a step (max_num_batched_tokens) waits in prompts. See
-// examples/sim/README.md.
+// DefaultPromptTokenThreshold is the Scorer.PromptTokenThreshold a Poller
+// uses when its config gives 0 (PollerConfig.NoPromptTokens keeps 0; the
+// zero Scorer itself stays the reference formula, without the term): a pod
+// is saturated when half of vLLM's default token budget of a step
+// (max_num_batched_tokens) waits in prompts.
 const DefaultPromptTokenThreshold = 4096
 
 // Reading is one pod's metrics as the scorer sees them. The Poller fills it

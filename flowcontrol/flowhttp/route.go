@@ -207,10 +207,9 @@ type kvView struct {
 // the poller's readings when a scrape result arrived since the last build
 // (Poller.ReadingSeq), so a pick reads the last reading, not one an
 // interval old. The rebuild is one snapshot of the poller's readings per
-// new reading at most, into a buffer kept for it (at 1,000 pods 25 µs and
-// one 1 KB filter, against 69 µs and 214 KB with a fresh Readings slice:
-// BenchmarkCriticalPick), since at that size nearly every critical pick
-// follows a new reading; a pick that finds another goroutine rebuilding
+// new reading at most, into a buffer kept for it (BenchmarkCriticalPick),
+// since in a large pool nearly every critical pick follows a new reading;
+// a pick that finds another goroutine rebuilding
 // uses the previous filter.
 func (rt *Router) kvKeep() []bool {
 	seq := rt.poller.ReadingSeq()
@@ -254,11 +253,7 @@ func (rt *Router) kvKeep() []bool {
 		// No endpoint has the headroom: keep those with the most free,
 		// not all of them. A critical prompt waits at the head of a full
 		// replica's queue until enough blocks free, and a replica with
-		// more free gets there sooner (examples/sim/README.md, "round
-		// 5": over 20 seeds of reasoning@0.7 this fallback took the
-		// median critical TTFT p99 from 377 to 213 ms and the worst seed
-		// from 1.56 s to 845 ms; the fewest in flight or the fewest
-		// waiting as the fallback did worse).
+		// more free gets there sooner.
 		for j := range readings {
 			if i, ok := at(&readings[j]); ok && !keep[i] && readings[j].KVUsage == lowest {
 				keep[i] = true

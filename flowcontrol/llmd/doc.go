@@ -4,9 +4,7 @@
 // that llm-d's discipline and flowgate's can be measured side by side on the same
 // workload, the same pool and the same saturation signal.
 //
-// The simulator's llm-d parity
-// baselines (examples/sim, policies llmd-static, llmd-soft-reflective and
-// llmd-priority-holdback) are built on it. A proxy gates with package flowcontrol
+// A proxy gates with package flowcontrol
 // (Controller, or Dispatcher for items of its own type) and flowcontrol/flowhttp.
 // Results measured with this package are llm-d's; never quote them as flowgate's,
 // nor flowgate's as llm-d's.
