@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -16,35 +18,64 @@ import (
 	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 )
 
+// pipeListener hands out the server ends of net.Pipe pairs: unbuffered
+// connections whose deadlines run on a testing/synctest bubble's clock, so
+// a stalled or slow reader is the same on a busy machine as on a quiet one.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error { l.once.Do(func() { close(l.done) }); return nil }
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
+
 // serveWithStall serves h (GETs pass ungated) behind Gateway.Serve with
-// the given write-stall timeout; it returns the address.
-func serveWithStall(t *testing.T, stall time.Duration, h http.HandlerFunc) string {
+// the given write-stall timeout, on in-memory connections; it returns the
+// dialler. Call it inside a synctest bubble.
+func serveWithStall(t *testing.T, stall time.Duration, h http.HandlerFunc) func() net.Conn {
 	t.Helper()
 	gw, err := flowhttp.NewGateway(flowhttp.GatewayConfig{})
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	ln := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
 		served <- gw.Serve(ctx, ln, h, flowhttp.ServerConfig{WriteStallTimeout: stall, DrainTimeout: time.Second})
 	}()
 	t.Cleanup(func() { cancel(); <-served })
-	return ln.Addr().String()
-}
-
-func dial(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return func() net.Conn {
+		c, s := net.Pipe()
+		ln.conns <- s
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
 }
 
 // A client that reads nothing has its answer's write fail within the
-// timeout once its sockets are full: the handler's write returns an
-// error, its request's context is cancelled, the connection is closed.
+// timeout (the connection is unbuffered, on the bubble's clock): the
+// handler's write returns an error, its request's context is cancelled,
+// the connection is closed.
 func TestWriteStallCutsAClientThatDoesNotRead(t *testing.T) {
+	synctest.Test(t, testWriteStallCuts)
+}
+
+func testWriteStallCuts(t *testing.T) {
 	const stall = 200 * time.Millisecond
 	type outcome struct {
 		written   int64
@@ -53,7 +84,7 @@ func TestWriteStallCutsAClientThatDoesNotRead(t *testing.T) {
 		at        time.Time
 	}
 	out := make(chan outcome, 1)
-	addr := serveWithStall(t, stall, func(w http.ResponseWriter, r *http.Request) {
+	dial := serveWithStall(t, stall, func(w http.ResponseWriter, r *http.Request) {
 		var o outcome
 		chunk := make([]byte, 256<<10)
 		for o.written < 1<<30 && o.err == nil {
@@ -69,7 +100,8 @@ func TestWriteStallCutsAClientThatDoesNotRead(t *testing.T) {
 		}
 		out <- o
 	})
-	c := dial(t, addr)
+	c := dial()
+	start := time.Now()
 	_, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	var o outcome
@@ -79,11 +111,14 @@ func TestWriteStallCutsAClientThatDoesNotRead(t *testing.T) {
 		t.Fatal("the stalled write was not cut")
 	}
 	require.Error(t, o.err)
+	require.Less(t, o.at.Sub(start), 2*stall, "cut after %v", o.at.Sub(start))
 	require.True(t, o.cancelled, "the request's context outlived the cut")
 	require.Less(t, o.written, int64(1<<30))
-	// The connection is closed: what the sockets held, then EOF.
-	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
-	_, err = io.Copy(io.Discard, c)
+	// The connection is closed: EOF, not a read that times out.
+	// (Setting a deadline on a pipe whose other end is closed fails too.)
+	if err = c.SetReadDeadline(time.Now().Add(5 * time.Second)); err == nil {
+		_, err = io.Copy(io.Discard, c)
+	}
 	var ne net.Error
 	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection is still open")
 }
@@ -93,9 +128,13 @@ func TestWriteStallCutsAClientThatDoesNotRead(t *testing.T) {
 // before it writes is not cut either, nor is the next request on the
 // same connection after an idle pause longer than the timeout.
 func TestWriteStallSparesSlowReadersAndSlowAnswers(t *testing.T) {
+	synctest.Test(t, testWriteStallSpares)
+}
+
+func testWriteStallSpares(t *testing.T) {
 	const stall = 300 * time.Millisecond
 	const total = 1 << 20
-	addr := serveWithStall(t, stall, func(w http.ResponseWriter, r *http.Request) {
+	dial := serveWithStall(t, stall, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/late" {
 			select {
 			case <-time.After(2 * stall): // a backend thinking
@@ -112,7 +151,7 @@ func TestWriteStallSparesSlowReadersAndSlowAnswers(t *testing.T) {
 			}
 		}
 	})
-	c := dial(t, addr)
+	c := dial()
 	br := bufio.NewReaderSize(c, 4<<10)
 	_, err := io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
