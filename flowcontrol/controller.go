@@ -47,6 +47,12 @@ type ControllerConfig struct {
 	// whose Run is not going returns ErrNotRunning at once rather than
 	// blocking until its context ends.
 	Stepped bool
+	// Eviction, when Enabled, gives the controller an Evictor (see
+	// Controller.Evictor) over the controller's Source, clock and bands,
+	// with the gateway's held band from the dispatcher (Dispatcher.Held).
+	// Run and Start run it beside the dispatcher; a Stepped controller's
+	// host calls its Check. Off by default.
+	Eviction EvictionConfig
 }
 
 // Ticket states. A ticket leaves stateWaiting exactly once, by a
@@ -145,6 +151,7 @@ type Controller struct {
 	stepped   bool
 	admitter  Admitter
 	pool      sync.Pool
+	ev        *Evictor // nil: eviction off
 
 	// refusals only the Controller sees, per band
 	refusedCancelled []atomic.Uint64
@@ -175,6 +182,12 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	c.refusedCancelled = make([]atomic.Uint64, d.Bands())
 	c.refusedIdle = make([]atomic.Uint64, d.Bands())
 	c.refusedShed = make([]atomic.Uint64, d.Bands())
+	if cfg.Eviction.Enabled {
+		c.ev, err = NewEvictor(cfg.Eviction, d.Bands(), d.source, d.Held, d.now)
+		if err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -363,7 +376,39 @@ func (c *Controller) Bands() []BandConfig { return c.d.BandConfigs() }
 // Wait returns ErrNotRunning unless the controller is Stepped. Waits
 // already queued when Run returns stay queued until Run is started again,
 // Close, or their context ends.
-func (c *Controller) Run(ctx context.Context) error { return c.d.Run(ctx) }
+//
+// With eviction enabled, the controller's Evictor runs beside the
+// dispatcher and stops when Run returns.
+func (c *Controller) Run(ctx context.Context) error {
+	if err := c.d.begin(); err != nil {
+		return err
+	}
+	return c.loop(ctx)
+}
+
+// loop is Run after begin: the dispatcher's loop and, with eviction, the
+// evictor's beside it, stopped and waited for when the dispatcher's ends.
+func (c *Controller) loop(ctx context.Context) error {
+	if c.ev == nil {
+		return c.d.loop(ctx)
+	}
+	ectx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.ev.Run(ectx) // it ends with ectx
+	}()
+	err := c.d.loop(ctx)
+	cancel()
+	<-done
+	return err
+}
+
+// Evictor returns the controller's evictor, or nil when
+// ControllerConfig.Eviction is off. A handler tracks each released request
+// with it (Evictor.Track), and re-queues a victim whose response had not
+// started with Requeue.
+func (c *Controller) Evictor() *Evictor { return c.ev }
 
 // Start is Run in a goroutine of its own, except that the controller counts
 // as running before Start returns: a Wait issued after Start never sees
@@ -375,7 +420,7 @@ func (c *Controller) Start(ctx context.Context) <-chan error {
 		ch <- err
 		return ch
 	}
-	go func() { ch <- c.d.loop(ctx) }()
+	go func() { ch <- c.loop(ctx) }()
 	return ch
 }
 

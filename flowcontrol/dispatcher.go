@@ -843,5 +843,18 @@ func (d *Dispatcher[T]) direct(bandIdx int) bool {
 	return true
 }
 
+// Held returns the most critical band whose gate at the last tick kept
+// back items it still holds, or -1 if none: the band an Evictor gives way
+// to at the gateway. Safe from any goroutine.
+func (d *Dispatcher[T]) Held() int {
+	for i := range d.bands {
+		b := &d.bands[i]
+		if b.every.Load() != 1 && b.queued.Load() > 0 {
+			return i
+		}
+	}
+	return -1
+}
+
 // Closed reports whether Close has been called.
 func (d *Dispatcher[T]) Closed() bool { return d.closed.Load() }

@@ -60,3 +60,16 @@ func (b *band[T]) take() (entry[T], bool) {
 	}
 	return b.ring.TryPop()
 }
+
+// pushFront puts e ahead of every entry held (a re-queued item, see
+// Dispatcher.Requeue). Like push, it grows the buffer by doubling.
+func (h *held[T]) pushFront(e entry[T]) {
+	if h.n == len(h.buf) {
+		h.push(e) // grow (e lands at the back) ...
+		h.n--     // ... then take it back off and put it in front
+		h.buf[(h.start+h.n)%len(h.buf)] = entry[T]{}
+	}
+	h.start = (h.start + len(h.buf) - 1) % len(h.buf)
+	h.buf[h.start] = e
+	h.n++
+}

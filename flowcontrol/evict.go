@@ -1,0 +1,489 @@
+package flowcontrol
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Eviction defaults (EvictionConfig's zero values).
+const (
+	// DefaultEvictionThreshold is the pool saturation at and above which
+	// an Evictor acts: a pool that still has room serves the held request
+	// without anybody giving way.
+	DefaultEvictionThreshold = 1.0
+	// DefaultEvictionStall is how long a released request may go without
+	// its first byte before it counts as held.
+	DefaultEvictionStall = 100 * time.Millisecond
+	// DefaultEvictionGrace is the pause after a confirmed eviction before
+	// the next on the same endpoint: saturation.DefaultInterval, one scrape,
+	// so the freed capacity shows in the saturation before it is judged
+	// again.
+	DefaultEvictionGrace = 50 * time.Millisecond
+	// DefaultMaxEvictions is how many times one request may be evicted;
+	// after that it is immune.
+	DefaultMaxEvictions = 2
+	// evictionRecheck is how often Evictor.Run looks again while a held
+	// request waits only on the saturation (which notifies nobody).
+	evictionRecheck = 10 * time.Millisecond
+)
+
+// EvictionConfig configures eviction (see Evictor). The zero value is
+// eviction off; Enabled with every other field zero is the defaults.
+type EvictionConfig struct {
+	// Enabled turns eviction on (ControllerConfig.Eviction; NewEvictor
+	// ignores it).
+	Enabled bool
+	// Threshold is the pool saturation at and above which the evictor
+	// acts; 0 means DefaultEvictionThreshold.
+	Threshold float64
+	// Stall is how long a tracked request may go without its first byte
+	// (Tracked.Start) before it counts as held; 0 means
+	// DefaultEvictionStall.
+	Stall time.Duration
+	// Grace is the pause after the server confirmed an eviction on an
+	// endpoint (the victim's Tracked.Done) before the next eviction there.
+	// Set it no shorter than the saturation source's scrape interval: a
+	// shorter grace judges the pool before the freed capacity shows, and
+	// evicts again for nothing. 0 means DefaultEvictionGrace.
+	Grace time.Duration
+	// MaxEvictions is how many times one request may be evicted before it
+	// is immune; 0 means DefaultMaxEvictions.
+	MaxEvictions int
+	// Started lets the evictor take requests whose response has started
+	// (Tracked.Start): their client sees the stream end with an error.
+	// Off, a started response is never cut.
+	Started bool
+}
+
+// evictorSetup is what an Evictor reads besides its EvictionConfig.
+type evictorSetup struct {
+	bands  int
+	source SaturationSource
+	held   func() int
+	now    func() time.Time
+}
+
+// Evictor decides which released requests to take back, and when, so that
+// a held request of a more critical band gets the capacity they occupy.
+// Gating decides what leaves the gateway; an Evictor undoes what has left
+// when the servers are full of less critical work that a more critical
+// request now waits behind (a vLLM server preempts nobody for a waiting
+// request of another tenant's priority).
+//
+// The host tells it of every released request (Track), of its first byte
+// to the client (Tracked.Start) and of its end (Tracked.Done), and gives
+// the act: a function that cancels the request at its server. The evictor
+// decides; the host acts and, for a victim whose response had not started,
+// re-queues it (Controller.Requeue, Dispatcher.Requeue) so its client sees
+// only a later first token.
+//
+// The rule, at each Check:
+//
+//   - It acts only while the pool's saturation is at least Threshold and
+//     a request of a more critical band is held: tracked, without a first
+//     byte for Stall (held on its endpoint), or queued at the gateway
+//     behind a gate (EvictorConfig's held band: held anywhere).
+//   - Victims are tracked requests of a less critical band than the held
+//     one, on its endpoint (or anywhere, for a request held at the
+//     gateway): the least critical band first, then the newest (the least
+//     work lost). A request whose response has started is never a victim
+//     unless Started; one evicted MaxEvictions times is immune.
+//   - At most one eviction is in flight per endpoint (and one for the
+//     gateway's queue): the next waits until the server confirmed the last
+//     (its Tracked.Done) plus Grace.
+//
+// An Evictor is safe for concurrent use. It calls the act outside its lock,
+// on the goroutine running Check.
+type Evictor struct {
+	cfg   EvictionConfig
+	setup evictorSetup
+	wake  chan struct{}
+
+	mu   sync.Mutex
+	live []*Tracked // released and not Done; Tracked.idx is the position
+	eps  map[string]*endpointState
+	// pool is the pacing of evictions for a request held at the gateway
+	// (not on an endpoint): one at a time, paced like an endpoint's.
+	pool    endpointState
+	seq     uint64
+	evicted []uint64 // per band
+	immune  []uint64 // per band
+	pending []*Tracked
+	demand  []heldOn
+}
+
+// heldOn is the most critical band held on an endpoint (Check's scratch).
+type heldOn struct {
+	endpoint string
+	band     int
+}
+
+// endpointState is the pacing of one endpoint's evictions.
+type endpointState struct {
+	evicting int       // evictions not yet confirmed (0 or 1)
+	until    time.Time // no new eviction before (the last confirmation + Grace)
+}
+
+// Tracked is one released request as an Evictor sees it. Its methods are
+// safe for concurrent use.
+type Tracked struct {
+	e         *Evictor
+	band      int
+	endpoint  string
+	at        time.Time
+	seq       uint64
+	act       func()
+	idx       int // in e.live, -1 when not live
+	started   bool
+	evicting  bool // the act was called and Done has not come
+	forPool   bool // the eviction was for a request held at the gateway
+	evictions int
+}
+
+// NewEvictor returns an evictor for a host that drives it itself (a
+// simulator, a Dispatcher's host): bands is the number of bands, source the
+// pool's saturation, held reports the most critical band queued behind a
+// gate at the gateway (-1 none; nil means none; Dispatcher.Held fits), now
+// is the clock (nil means time.Now). A Controller whose
+// ControllerConfig.Eviction is Enabled builds and runs its own (see
+// Controller.Evictor). Errors wrap ErrInvalidConfig and name the field.
+func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held func() int, now func() time.Time) (*Evictor, error) {
+	switch {
+	case bands < 1 || bands > MaxBands:
+		return nil, fmt.Errorf("%w: Eviction: bands %d must be in [1, %d]", ErrInvalidConfig, bands, MaxBands)
+	case source == nil:
+		return nil, fmt.Errorf("%w: Eviction: Source is nil", ErrInvalidConfig)
+	case cfg.Threshold < 0 || math.IsNaN(cfg.Threshold) || math.IsInf(cfg.Threshold, 0):
+		return nil, fmt.Errorf("%w: Eviction.Threshold %v must be finite and >= 0", ErrInvalidConfig, cfg.Threshold)
+	case cfg.Stall < 0:
+		return nil, fmt.Errorf("%w: Eviction.Stall %v must be >= 0", ErrInvalidConfig, cfg.Stall)
+	case cfg.Grace < 0:
+		return nil, fmt.Errorf("%w: Eviction.Grace %v must be >= 0", ErrInvalidConfig, cfg.Grace)
+	case cfg.MaxEvictions < 0:
+		return nil, fmt.Errorf("%w: Eviction.MaxEvictions %d must be >= 0", ErrInvalidConfig, cfg.MaxEvictions)
+	}
+	if cfg.Threshold == 0 {
+		cfg.Threshold = DefaultEvictionThreshold
+	}
+	if cfg.Stall == 0 {
+		cfg.Stall = DefaultEvictionStall
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = DefaultEvictionGrace
+	}
+	if cfg.MaxEvictions == 0 {
+		cfg.MaxEvictions = DefaultMaxEvictions
+	}
+	if held == nil {
+		held = func() int { return -1 }
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Evictor{
+		cfg:     cfg,
+		setup:   evictorSetup{bands: bands, source: source, held: held, now: now},
+		wake:    make(chan struct{}, 1),
+		eps:     make(map[string]*endpointState),
+		evicted: make([]uint64, bands),
+		immune:  make([]uint64, bands),
+	}, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (e *Evictor) Config() EvictionConfig { return e.cfg }
+
+// Track records a request of band released to endpoint ("" for a host that
+// does not know endpoints: one pool). act cancels it at its server; the
+// evictor calls it at most once per Track or Again, and then waits for the
+// request's Done as the server's confirmation. act must not block; it runs
+// outside the evictor's lock, so it may call Done. A band outside [0, bands) is tracked as the least
+// critical band.
+func (e *Evictor) Track(band int, endpoint string, act func()) *Tracked {
+	t := &Tracked{e: e, band: min(max(band, 0), e.setup.bands-1), idx: -1}
+	t.Again(endpoint, act)
+	return t
+}
+
+// Again records the request as released again (to endpoint, with a new
+// act) after an eviction re-queued it. It keeps its eviction count.
+func (t *Tracked) Again(endpoint string, act func()) {
+	e := t.e
+	e.mu.Lock()
+	if t.idx < 0 {
+		e.seq++
+		t.endpoint, t.act, t.at, t.seq = endpoint, act, e.setup.now(), e.seq
+		t.started, t.evicting = false, false
+		t.idx = len(e.live)
+		e.live = append(e.live, t)
+	}
+	e.mu.Unlock()
+	e.nudge()
+}
+
+// Start records the request's first byte to its client: it is no longer
+// held and, unless EvictionConfig.Started, no longer a victim.
+func (t *Tracked) Start() {
+	t.e.mu.Lock()
+	t.started = true
+	t.e.mu.Unlock()
+}
+
+// Done records that the request ended at its server, for any reason, and
+// reports whether the evictor had taken it (its act was called): then this
+// Done is the server's confirmation, and the endpoint's next eviction may
+// come Grace later. Only the first Done after a Track or Again counts.
+func (t *Tracked) Done() (evicted bool) {
+	e := t.e
+	e.mu.Lock()
+	if t.idx >= 0 {
+		last := len(e.live) - 1
+		e.live[t.idx] = e.live[last]
+		e.live[t.idx].idx = t.idx
+		e.live[last] = nil
+		e.live = e.live[:last]
+		t.idx = -1
+		if t.evicting {
+			evicted = true
+			t.evicting = false
+			st := &e.pool
+			if !t.forPool {
+				st = e.eps[t.endpoint]
+			}
+			st.evicting--
+			st.until = e.setup.now().Add(e.cfg.Grace)
+		}
+	}
+	e.mu.Unlock()
+	if evicted {
+		e.nudge()
+	}
+	return evicted
+}
+
+// Evictions reports how many times the request was evicted.
+func (t *Tracked) Evictions() int {
+	t.e.mu.Lock()
+	defer t.e.mu.Unlock()
+	return t.evictions
+}
+
+// Band reports the request's band.
+func (t *Tracked) Band() int { return t.band }
+
+func (e *Evictor) nudge() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// victim reports whether v may be evicted for a request held at band h.
+func (e *Evictor) victim(v *Tracked, h int) bool {
+	return v.band > h && !v.evicting && v.evictions < e.cfg.MaxEvictions && (!v.started || e.cfg.Started)
+}
+
+// before reports whether a is a better victim than b: a less critical band,
+// then the newer release.
+func before(a, b *Tracked) bool {
+	return a.band > b.band || a.band == b.band && a.seq > b.seq
+}
+
+// Check applies the rule (see Evictor) once, at the clock's now, calls the
+// act of every request it takes, and returns how many it took.
+func (e *Evictor) Check() int {
+	s := Sanitize(e.setup.source.Saturation())
+	if s < e.cfg.Threshold {
+		return 0
+	}
+	held := e.setup.held()
+	e.mu.Lock()
+	now := e.setup.now()
+	stall := now.Add(-e.cfg.Stall)
+	// The most critical held band per endpoint: a tracked request without
+	// its first byte for Stall.
+	demand := e.demand[:0]
+	for _, t := range e.live {
+		if t.started || t.evicting || t.band >= e.setup.bands-1 || t.at.After(stall) {
+			continue
+		}
+		i := slices.IndexFunc(demand, func(d heldOn) bool { return d.endpoint == t.endpoint })
+		if i < 0 {
+			demand = append(demand, heldOn{t.endpoint, t.band})
+		} else {
+			demand[i].band = min(demand[i].band, t.band)
+		}
+	}
+	// Endpoints in a fixed order, so a host on virtual time replays the
+	// same acts in the same order.
+	slices.SortFunc(demand, func(a, b heldOn) int { return strings.Compare(a.endpoint, b.endpoint) })
+	e.demand = demand
+	victims := e.pending[:0]
+	for _, d := range demand {
+		ep, h := d.endpoint, d.band
+		st := e.eps[ep]
+		if st == nil {
+			st = &endpointState{}
+			e.eps[ep] = st
+		}
+		if st.evicting > 0 || now.Before(st.until) {
+			continue
+		}
+		var best *Tracked
+		for _, v := range e.live {
+			if v.endpoint == ep && e.victim(v, h) && (best == nil || before(v, best)) {
+				best = v
+			}
+		}
+		if best != nil {
+			st.evicting++
+			e.take(best, false)
+			victims = append(victims, best)
+		}
+	}
+	if held >= 0 && held < e.setup.bands-1 && e.pool.evicting == 0 && !now.Before(e.pool.until) {
+		var best *Tracked
+		for _, v := range e.live {
+			if !e.victim(v, held) || (best != nil && !before(v, best)) {
+				continue
+			}
+			if st := e.eps[v.endpoint]; st != nil && (st.evicting > 0 || now.Before(st.until)) {
+				continue // its endpoint is already giving way
+			}
+			best = v
+		}
+		if best != nil {
+			e.pool.evicting++
+			e.take(best, true)
+			victims = append(victims, best)
+		}
+	}
+	acts := len(victims)
+	e.pending = victims
+	e.mu.Unlock()
+	for i, v := range victims {
+		v.act()
+		victims[i] = nil
+	}
+	return acts
+}
+
+// take marks v evicted. Under mu.
+func (e *Evictor) take(v *Tracked, forPool bool) {
+	v.evicting, v.forPool = true, forPool
+	v.evictions++
+	e.evicted[v.band]++
+	if v.evictions == e.cfg.MaxEvictions {
+		e.immune[v.band]++
+	}
+}
+
+// Next returns the earliest instant after which Check may decide
+// differently with the saturation unchanged (a tracked request's stall
+// deadline, an endpoint's grace end), or the zero time if nothing is
+// pending.
+func (e *Evictor) Next() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var next time.Time
+	earlier := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	now := e.setup.now()
+	for _, t := range e.live {
+		if !t.started && !t.evicting && t.band < e.setup.bands-1 {
+			if d := t.at.Add(e.cfg.Stall); d.After(now) {
+				earlier(d)
+			}
+		}
+	}
+	for _, st := range e.eps {
+		if st.until.After(now) {
+			earlier(st.until)
+		}
+	}
+	if e.pool.until.After(now) {
+		earlier(e.pool.until)
+	}
+	return next
+}
+
+// holding reports whether some request is held now, so that a Check may
+// act as soon as the saturation crosses the threshold.
+func (e *Evictor) holding() bool {
+	if h := e.setup.held(); h >= 0 && h < e.setup.bands-1 {
+		return true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	stall := e.setup.now().Add(-e.cfg.Stall)
+	for _, t := range e.live {
+		if !t.started && !t.evicting && t.band < e.setup.bands-1 && !t.at.After(stall) {
+			return true
+		}
+	}
+	return false
+}
+
+// Run checks on the real clock until ctx ends (it returns ctx.Err()): at
+// each stall deadline and grace end (Next), after every Track and confirmed
+// eviction, and every 10 ms while a request is held but the saturation is
+// below the threshold. A Controller with eviction enabled runs it beside
+// its dispatcher; a host that steps its own clock calls Check instead.
+func (e *Evictor) Run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		e.Check()
+		wait := time.Duration(-1)
+		if e.holding() {
+			wait = evictionRecheck
+		}
+		if next := e.Next(); !next.IsZero() {
+			if d := next.Sub(e.setup.now()); wait < 0 || d < wait {
+				wait = max(d, 0)
+			}
+		}
+		var fire <-chan time.Time
+		if wait >= 0 {
+			timer.Reset(wait)
+			fire = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.wake:
+		case <-fire:
+		}
+	}
+}
+
+// EvictionStats is a snapshot of an Evictor.
+type EvictionStats struct {
+	// Tracked is the number of released requests tracked (not Done).
+	Tracked int
+	// Evicting is the number of evictions whose Done has not come.
+	Evicting int
+	// Evicted counts evictions per band; Immune counts the requests of
+	// each band that reached MaxEvictions.
+	Evicted, Immune []uint64
+}
+
+// Stats returns a snapshot.
+func (e *Evictor) Stats() EvictionStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := EvictionStats{Tracked: len(e.live), Evicting: e.pool.evicting,
+		Evicted: append([]uint64(nil), e.evicted...), Immune: append([]uint64(nil), e.immune...)}
+	for _, s := range e.eps {
+		st.Evicting += s.evicting
+	}
+	return st
+}
