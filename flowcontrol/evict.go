@@ -251,12 +251,14 @@ func (t *Tracked) Done() (evicted bool) {
 		if t.evicting {
 			evicted = true
 			t.evicting = false
-			st := &e.pool
-			if !t.forPool {
-				st = e.eps[t.endpoint]
-			}
+			until := e.setup.now().Add(e.cfg.Grace)
+			st := e.eps[t.endpoint]
 			st.evicting--
-			st.until = e.setup.now().Add(e.cfg.Grace)
+			st.until = until
+			if t.forPool {
+				e.pool.evicting--
+				e.pool.until = until
+			}
 		}
 	}
 	e.mu.Unlock()
@@ -341,7 +343,6 @@ func (e *Evictor) Check() int {
 			}
 		}
 		if best != nil {
-			st.evicting++
 			e.take(best, false)
 			victims = append(victims, best)
 		}
@@ -358,7 +359,6 @@ func (e *Evictor) Check() int {
 			best = v
 		}
 		if best != nil {
-			e.pool.evicting++
 			e.take(best, true)
 			victims = append(victims, best)
 		}
@@ -373,8 +373,18 @@ func (e *Evictor) Check() int {
 	return acts
 }
 
-// take marks v evicted. Under mu.
+// take marks v evicted, in flight on its endpoint (and for the gateway's
+// queue, if forPool). Under mu.
 func (e *Evictor) take(v *Tracked, forPool bool) {
+	st := e.eps[v.endpoint]
+	if st == nil {
+		st = &endpointState{}
+		e.eps[v.endpoint] = st
+	}
+	st.evicting++
+	if forPool {
+		e.pool.evicting++
+	}
 	v.evicting, v.forPool = true, forPool
 	v.evictions++
 	e.evicted[v.band]++
@@ -480,7 +490,7 @@ type EvictionStats struct {
 func (e *Evictor) Stats() EvictionStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := EvictionStats{Tracked: len(e.live), Evicting: e.pool.evicting,
+	st := EvictionStats{Tracked: len(e.live),
 		Evicted: append([]uint64(nil), e.evicted...), Immune: append([]uint64(nil), e.immune...)}
 	for _, s := range e.eps {
 		st.Evicting += s.evicting

@@ -61,15 +61,21 @@ func (b *band[T]) take() (entry[T], bool) {
 	return b.ring.TryPop()
 }
 
-// pushFront puts e ahead of every entry held (a re-queued item, see
-// Dispatcher.Requeue). Like push, it grows the buffer by doubling.
+// pushFront puts a re-queued entry (see Dispatcher.Requeue) at the front,
+// behind only the entries with an earlier deadline: expiry looks at the
+// head alone, so deadlines must stay in order. With no deadlines it is the
+// very front. Like push, it grows the buffer by doubling.
 func (h *held[T]) pushFront(e entry[T]) {
 	if h.n == len(h.buf) {
 		h.push(e) // grow (e lands at the back) ...
-		h.n--     // ... then take it back off and put it in front
+		h.n--     // ... then take it back off
 		h.buf[(h.start+h.n)%len(h.buf)] = entry[T]{}
 	}
 	h.start = (h.start + len(h.buf) - 1) % len(h.buf)
-	h.buf[h.start] = e
 	h.n++
+	i := 0
+	for ; i+1 < h.n && h.buf[(h.start+i+1)%len(h.buf)].due < e.due; i++ {
+		h.buf[(h.start+i)%len(h.buf)] = h.buf[(h.start+i+1)%len(h.buf)]
+	}
+	h.buf[(h.start+i)%len(h.buf)] = e
 }

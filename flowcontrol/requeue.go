@@ -7,7 +7,8 @@ import (
 )
 
 // Requeue puts item back at the head of band: ahead of everything queued
-// there, for an item that was released and then taken back before it had
+// there (behind only items with an earlier MaxWait deadline, which first
+// queued before it), for an item that was released and then taken back before it had
 // done anything (an evicted request whose response had not started; see
 // Evictor). The item keeps the deadline of its first enqueue: since is when
 // it was first queued (the zero time means now), so the band's MaxWait
@@ -109,6 +110,13 @@ func (fs *flows[T]) routeFront(f *flow[T], e qentry[T], now int64) {
 		f.push(e) // seq 0: ahead of any item with the same deadline
 	} else {
 		f.fifo.pushFront(e)
+		// Behind the entries with an earlier deadline, which expiry
+		// (looking at the head alone) needs in order.
+		q := &f.fifo
+		m := uint32(len(q.buf) - 1)
+		for i := uint32(0); i+1 < q.n && q.buf[(q.start+i+1)&m].due < e.due; i++ {
+			q.buf[(q.start+i)&m], q.buf[(q.start+i+1)&m] = q.buf[(q.start+i+1)&m], q.buf[(q.start+i)&m]
+		}
 	}
 	if wasEmpty {
 		switch fs.fair {
