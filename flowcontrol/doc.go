@@ -78,6 +78,45 @@
 // race between that cancellation and a release with a compare-and-swap on
 // the waiter's ticket, so each Wait sees exactly one result.
 //
+// # Eviction: taking back what has left
+//
+// Gating decides what leaves the gateway; it cannot undo what has left.
+// When the servers' KV cache is full of less critical work released
+// earlier (long decodes), a critical request waits in the server's queue,
+// which preempts nobody for it. An Evictor takes such work back (see
+// Evictor for the rule): while the pool reads saturated and a request of a
+// more critical band is held — released without a first byte for
+// EvictionConfig.Stall, or queued behind a gate — it picks a released
+// request of a less critical band (the least critical band first, then
+// the newest: the least work lost) and calls the act the host gave for it,
+// which cancels it at its server (vLLM and SGLang abort a request whose
+// client disconnects and free its KV cache). One eviction is in flight
+// per endpoint; the next waits for the server's confirmation plus a grace
+// of one scrape, so the freed capacity shows before it is judged again.
+//
+// A victim whose response had not started is not failed: the host
+// re-queues it at the head of its band (Controller.Requeue) and forwards
+// it again, so its client sees only a later first token. A started
+// response is never cut unless EvictionConfig.Started. A request is
+// evicted at most MaxEvictions times; its band's MaxWait, counted from its
+// first Wait, still bounds its whole wait.
+//
+//	c, _ := flowcontrol.NewController(flowcontrol.ControllerConfig{
+//		Config:   cfg,
+//		Eviction: flowcontrol.EvictionConfig{Enabled: true},
+//	})
+//	...
+//	p, err := c.Wait(ctx, band)
+//	upstream, cancel := context.WithCancel(ctx)
+//	t := c.Evictor().Track(band, endpoint, cancel)
+//	... forward with upstream; t.Start() at the first byte to the client
+//	if t.Done() && !started {
+//		p.Done()
+//		p, err = c.Requeue(ctx, band, nil, waitedSince) // and forward again
+//	}
+//
+// flowhttp.Gateway does all of this for HTTP when its eviction is on.
+//
 // # Flows: fairness between tenants inside a band
 //
 // By default a band is one FIFO (Fairness "fcfs"). A band with Fairness

@@ -115,6 +115,9 @@ type Evictor struct {
 	immune  []uint64 // per band
 	pending []*Tracked
 	demand  []heldOn
+	// wakeAt is when Run's timer fires next (zero: Run sleeps until
+	// nudged, or no Run).
+	wakeAt time.Time
 }
 
 // heldOn is the most critical band held on an endpoint (Check's scratch).
@@ -222,8 +225,14 @@ func (t *Tracked) Again(endpoint string, act func()) {
 		t.idx = len(e.live)
 		e.live = append(e.live, t)
 	}
+	// Run needs to hear of it only if it would sleep past the new stall
+	// deadline: under load every Track would otherwise cost it a wake-up
+	// and a scan.
+	wake := e.wakeAt.IsZero() || e.wakeAt.After(t.at.Add(e.cfg.Stall))
 	e.mu.Unlock()
-	e.nudge()
+	if wake {
+		e.nudge()
+	}
 }
 
 // Start records the request's first byte to its client: it is no longer
@@ -451,6 +460,11 @@ func (e *Evictor) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		// While Run decides how long to sleep, every Track nudges it
+		// (wakeAt zero), so none is missed between Next and the sleep.
+		e.mu.Lock()
+		e.wakeAt = time.Time{}
+		e.mu.Unlock()
 		e.Check()
 		wait := time.Duration(-1)
 		if e.holding() {
@@ -462,10 +476,15 @@ func (e *Evictor) Run(ctx context.Context) error {
 			}
 		}
 		var fire <-chan time.Time
+		var at time.Time
 		if wait >= 0 {
 			timer.Reset(wait)
 			fire = timer.C
+			at = e.setup.now().Add(wait)
 		}
+		e.mu.Lock()
+		e.wakeAt = at
+		e.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
