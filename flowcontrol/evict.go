@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -24,6 +25,9 @@ const (
 	// so the freed capacity shows in the saturation before it is judged
 	// again.
 	DefaultEvictionGrace = 50 * time.Millisecond
+	// DefaultEvictionConfirmTimeout is how long an endpoint waits for a
+	// victim's confirmation before it may give way again.
+	DefaultEvictionConfirmTimeout = 2 * time.Second
 	// DefaultMaxEvictions is how many times one request may be evicted;
 	// after that it is immune.
 	DefaultMaxEvictions = 2
@@ -51,6 +55,11 @@ type EvictionConfig struct {
 	// shorter grace judges the pool before the freed capacity shows, and
 	// evicts again for nothing. 0 means DefaultEvictionGrace.
 	Grace time.Duration
+	// ConfirmTimeout bounds the wait for a victim's Done: an endpoint
+	// whose eviction is unconfirmed this long may give way again (a hung
+	// stream must not stop eviction there). 0 means
+	// DefaultEvictionConfirmTimeout.
+	ConfirmTimeout time.Duration
 	// MaxEvictions is how many times one request may be evicted before it
 	// is immune; 0 means DefaultMaxEvictions.
 	MaxEvictions int
@@ -95,7 +104,8 @@ type evictorSetup struct {
 //     unless Started; one evicted MaxEvictions times is immune.
 //   - At most one eviction is in flight per endpoint (and one for the
 //     gateway's queue): the next waits until the server confirmed the last
-//     (its Tracked.Done) plus Grace.
+//     (its Tracked.Done) plus Grace, or, if no confirmation comes, for
+//     ConfirmTimeout.
 //
 // An Evictor is safe for concurrent use. It calls the act outside its lock,
 // on the goroutine running Check.
@@ -128,8 +138,16 @@ type heldOn struct {
 
 // endpointState is the pacing of one endpoint's evictions.
 type endpointState struct {
-	evicting int       // evictions not yet confirmed (0 or 1)
+	evicting int       // evictions not yet confirmed
+	actAt    time.Time // the last act
 	until    time.Time // no new eviction before (the last confirmation + Grace)
+}
+
+// busy reports whether the endpoint (or the gateway's queue) may not give
+// way now: an eviction in flight, unless its confirmation is overdue (a
+// hung stream must not wedge it), or the grace after the last one.
+func (st *endpointState) busy(now time.Time, confirm time.Duration) bool {
+	return st.evicting > 0 && now.Sub(st.actAt) < confirm || now.Before(st.until)
 }
 
 // Tracked is one released request as an Evictor sees it. Its methods are
@@ -167,6 +185,8 @@ func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held fun
 		return nil, fmt.Errorf("%w: Eviction.Stall %v must be >= 0", ErrInvalidConfig, cfg.Stall)
 	case cfg.Grace < 0:
 		return nil, fmt.Errorf("%w: Eviction.Grace %v must be >= 0", ErrInvalidConfig, cfg.Grace)
+	case cfg.ConfirmTimeout < 0:
+		return nil, fmt.Errorf("%w: Eviction.ConfirmTimeout %v must be >= 0", ErrInvalidConfig, cfg.ConfirmTimeout)
 	case cfg.MaxEvictions < 0:
 		return nil, fmt.Errorf("%w: Eviction.MaxEvictions %d must be >= 0", ErrInvalidConfig, cfg.MaxEvictions)
 	}
@@ -181,6 +201,9 @@ func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held fun
 	}
 	if cfg.MaxEvictions == 0 {
 		cfg.MaxEvictions = DefaultMaxEvictions
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = DefaultEvictionConfirmTimeout
 	}
 	if held == nil {
 		held = func() int { return -1 }
@@ -342,7 +365,7 @@ func (e *Evictor) Check() int {
 			st = &endpointState{}
 			e.eps[ep] = st
 		}
-		if st.evicting > 0 || now.Before(st.until) {
+		if st.busy(now, e.cfg.ConfirmTimeout) {
 			continue
 		}
 		var best *Tracked
@@ -356,13 +379,13 @@ func (e *Evictor) Check() int {
 			victims = append(victims, best)
 		}
 	}
-	if held >= 0 && held < e.setup.bands-1 && e.pool.evicting == 0 && !now.Before(e.pool.until) {
+	if held >= 0 && held < e.setup.bands-1 && !e.pool.busy(now, e.cfg.ConfirmTimeout) {
 		var best *Tracked
 		for _, v := range e.live {
 			if !e.victim(v, held) || (best != nil && !before(v, best)) {
 				continue
 			}
-			if st := e.eps[v.endpoint]; st != nil && (st.evicting > 0 || now.Before(st.until)) {
+			if st := e.eps[v.endpoint]; st != nil && st.busy(now, e.cfg.ConfirmTimeout) {
 				continue // its endpoint is already giving way
 			}
 			best = v
@@ -390,9 +413,12 @@ func (e *Evictor) take(v *Tracked, forPool bool) {
 		st = &endpointState{}
 		e.eps[v.endpoint] = st
 	}
+	now := e.setup.now()
 	st.evicting++
+	st.actAt = now
 	if forPool {
 		e.pool.evicting++
+		e.pool.actAt = now
 	}
 	v.evicting, v.forPool = true, forPool
 	v.evictions++
@@ -423,13 +449,13 @@ func (e *Evictor) Next() time.Time {
 			}
 		}
 	}
-	for _, st := range e.eps {
+	for _, st := range slices.AppendSeq([]*endpointState{&e.pool}, maps.Values(e.eps)) {
 		if st.until.After(now) {
 			earlier(st.until)
 		}
-	}
-	if e.pool.until.After(now) {
-		earlier(e.pool.until)
+		if d := st.actAt.Add(e.cfg.ConfirmTimeout); st.evicting > 0 && d.After(now) {
+			earlier(d)
+		}
 	}
 	return next
 }

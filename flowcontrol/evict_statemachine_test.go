@@ -48,7 +48,8 @@ func TestEvictionStateMachine(t *testing.T) {
 		const bands = 3
 		clock := newFakeClock()
 		sat := newSat(0)
-		cfg := flowcontrol.EvictionConfig{Stall: 10 * time.Millisecond, Grace: 20 * time.Millisecond, MaxEvictions: 2}
+		cfg := flowcontrol.EvictionConfig{Stall: 10 * time.Millisecond, Grace: 20 * time.Millisecond, MaxEvictions: 2,
+			ConfirmTimeout: time.Hour}
 		items := treemap.New[int, *smItem]()
 		var d *flowcontrol.Dispatcher[int]
 		var ev *flowcontrol.Evictor

@@ -154,12 +154,13 @@ func TestEvictorConfigErrors(t *testing.T) {
 		bands int
 		src   flowcontrol.SaturationSource
 	}{
-		"bands":        {bands: 0, src: sat},
-		"Source":       {bands: 2},
-		"Threshold":    {cfg: flowcontrol.EvictionConfig{Threshold: -1}, bands: 2, src: sat},
-		"Stall":        {cfg: flowcontrol.EvictionConfig{Stall: -1}, bands: 2, src: sat},
-		"Grace":        {cfg: flowcontrol.EvictionConfig{Grace: -1}, bands: 2, src: sat},
-		"MaxEvictions": {cfg: flowcontrol.EvictionConfig{MaxEvictions: -1}, bands: 2, src: sat},
+		"bands":          {bands: 0, src: sat},
+		"Source":         {bands: 2},
+		"Threshold":      {cfg: flowcontrol.EvictionConfig{Threshold: -1}, bands: 2, src: sat},
+		"Stall":          {cfg: flowcontrol.EvictionConfig{Stall: -1}, bands: 2, src: sat},
+		"Grace":          {cfg: flowcontrol.EvictionConfig{Grace: -1}, bands: 2, src: sat},
+		"MaxEvictions":   {cfg: flowcontrol.EvictionConfig{MaxEvictions: -1}, bands: 2, src: sat},
+		"ConfirmTimeout": {cfg: flowcontrol.EvictionConfig{ConfirmTimeout: -1}, bands: 2, src: sat},
 	} {
 		_, err := flowcontrol.NewEvictor(tc.cfg, tc.bands, tc.src, nil, nil)
 		require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig, name)
@@ -169,7 +170,7 @@ func TestEvictorConfigErrors(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, flowcontrol.EvictionConfig{Threshold: flowcontrol.DefaultEvictionThreshold,
 		Stall: flowcontrol.DefaultEvictionStall, Grace: flowcontrol.DefaultEvictionGrace,
-		MaxEvictions: flowcontrol.DefaultMaxEvictions}, ev.Config())
+		MaxEvictions: flowcontrol.DefaultMaxEvictions, ConfirmTimeout: flowcontrol.DefaultEvictionConfirmTimeout}, ev.Config())
 }
 
 // TestEvictorPacing: one eviction in flight per endpoint, the next only
@@ -219,6 +220,30 @@ func TestEvictorPacing(t *testing.T) {
 	assert.False(t, crit.Done())
 	assert.False(t, young.Done())
 	assert.Equal(t, 0, ev.Stats().Tracked)
+}
+
+// TestEvictorConfirmTimeout: a victim whose Done never comes (a hung
+// stream) holds its endpoint for ConfirmTimeout, not for ever.
+func TestEvictorConfirmTimeout(t *testing.T) {
+	clock := newFakeClock()
+	cfg := flowcontrol.EvictionConfig{ConfirmTimeout: time.Second}
+	ev, err := flowcontrol.NewEvictor(cfg, 2, newSat(1), nil, clock.Now)
+	require.NoError(t, err)
+	var taken []string
+	ev.Track(1, "pod", func() { taken = append(taken, "hung") })
+	clock.Advance(time.Millisecond)
+	ev.Track(1, "pod", func() { taken = append(taken, "hung") })
+	ev.Track(1, "pod", func() { taken = append(taken, "next") })
+	ev.Track(0, "pod", func() {})
+	clock.Advance(flowcontrol.DefaultEvictionStall)
+	assert.Equal(t, 1, ev.Check())
+	assert.Equal(t, clock.Now().Add(time.Second), ev.Next(), "the confirmation's deadline")
+	clock.Advance(time.Second - 1)
+	assert.Zero(t, ev.Check())
+	clock.Advance(1)
+	assert.Equal(t, 1, ev.Check())
+	assert.Equal(t, []string{"next", "hung"}, taken)
+	assert.Equal(t, 2, ev.Stats().Evicting, "both still unconfirmed")
 }
 
 // TestDispatcherHeld: the held band is the most critical band that its
