@@ -446,5 +446,9 @@ func (c *Controller) Stats() Stats {
 		st.Bands[i].Refused.NotRunning = c.refusedIdle[i].Load()
 		st.Bands[i].Refused.Shed = c.refusedShed[i].Load()
 	}
+	if c.ev != nil {
+		es := c.ev.Stats()
+		st.Eviction = &es
+	}
 	return st
 }

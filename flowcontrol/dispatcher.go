@@ -75,6 +75,7 @@ type band[T any] struct {
 	full       atomic.Uint64 // ErrQueueFull
 	doorClosed atomic.Uint64 // ErrClosed before the queue
 	abandoned  atomic.Int64  // Abandon calls not yet reaped
+	requeued   atomic.Uint64 // Requeue calls accepted (under mu)
 	every      atomic.Int64
 	ceiling    atomic.Uint64 // math.Float64bits
 

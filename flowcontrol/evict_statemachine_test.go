@@ -54,6 +54,7 @@ func TestEvictionStateMachine(t *testing.T) {
 		var d *flowcontrol.Dispatcher[int]
 		var ev *flowcontrol.Evictor
 		lastConfirm := map[string]time.Time{}
+		var accepted [bands]uint64 // Enqueue returned nil, plus Requeue
 		get := func(id int) *smItem { it, _ := items.Get(id); return it }
 		end := func(it *smItem, outcome string) {
 			it.state = smEnded
@@ -136,6 +137,7 @@ func TestEvictionStateMachine(t *testing.T) {
 			if err := d.Requeue(it.band, "", 1, it.since, it.id); err != nil {
 				t.Fatalf("Requeue: %v", err)
 			}
+			accepted[it.band]++
 		}
 		next := 0
 		t.Repeat(map[string]func(*rapid.T){
@@ -148,6 +150,8 @@ func TestEvictionStateMachine(t *testing.T) {
 						t.Fatalf("Enqueue: %v", err)
 					}
 					end(it, "refused")
+				} else {
+					accepted[it.band]++
 				}
 			},
 			"tick": func(t *rapid.T) {
@@ -217,6 +221,11 @@ func TestEvictionStateMachine(t *testing.T) {
 		}
 		if queued != 0 {
 			t.Fatalf("%d still queued", queued)
+		}
+		for i, b := range st.Bands {
+			if n := b.Dispatched + b.Dropped(); n != accepted[i] {
+				t.Fatalf("band %d: %d outcomes for %d accepted (%+v)", i, n, accepted[i], b)
+			}
 		}
 		for _, it := range items.Values() {
 			if len(it.outcomes) != 1 {

@@ -58,6 +58,7 @@ func (d *Dispatcher[T]) requeue(bandIdx int, id string, cost float64, since time
 		due = dueAt(first, b.maxWait)
 	}
 	b.queued.Add(1)
+	bump(&b.requeued)
 	if b.flows == nil {
 		b.held.pushFront(entry[T]{item: item, due: due})
 		return nil, nil

@@ -55,6 +55,7 @@ func TestRequeueGoesFirst(t *testing.T) {
 			}
 			st := r.d.Stats()
 			assert.EqualValues(t, 5, st.Bands[0].Dispatched)
+			assert.EqualValues(t, 2, st.Bands[0].Requeued)
 			assert.EqualValues(t, 0, st.Bands[0].Queued)
 		})
 	}
@@ -176,6 +177,10 @@ func TestControllerEvictsAndRequeues(t *testing.T) {
 		wg.Wait()
 		assert.Equal(t, []string{"evicted", "newer"}, order, "the victim goes first")
 		assert.Equal(t, flowcontrol.EvictionStats{Evicted: []uint64{0, 1}, Immune: []uint64{0, 0}}, ev.Stats())
+		st := c.Stats()
+		assert.Equal(t, ev.Stats(), *st.Eviction)
+		assert.EqualValues(t, 1, st.Bands[1].Requeued)
+		assert.EqualValues(t, 3, st.Bands[1].Dispatched, "the first release, the newer request, the victim again")
 		c.Close()
 		assert.True(t, errors.Is(<-runErr, flowcontrol.ErrClosed))
 		assert.Zero(t, c.InFlight())

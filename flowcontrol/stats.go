@@ -6,8 +6,9 @@ import "math"
 //
 // Exactness: the outcome counters (Dispatched, Expired, Cancelled, Closed)
 // and Queued are exact when the dispatcher is quiescent (no Enqueue and no
-// tick in progress): then, per band, every accepted item is counted in
-// exactly one of Queued, Dispatched, Expired, Cancelled, Closed. Under
+// tick in progress): then, per band, every accepted item (every Enqueue
+// that returned nil, and every Requeue) is counted in exactly one of
+// Queued, Dispatched, Expired, Cancelled, Closed. Under
 // concurrent use each field is read atomically but fields are not read at
 // one instant, so sums may be off by the operations in flight. An item's
 // outcome is counted before its Dispatch or OnDrop runs, so the owner of an
@@ -24,6 +25,9 @@ type Stats struct {
 	UnknownBand uint64
 	// Bands holds one entry per band, band 0 first.
 	Bands []BandStats
+	// Eviction is the Evictor's snapshot (Controller.Stats with
+	// ControllerConfig.Eviction on); nil otherwise.
+	Eviction *EvictionStats
 }
 
 // BandStats is the part of Stats for one band.
@@ -43,6 +47,9 @@ type BandStats struct {
 	// Flows is the number of flows the band knows (0 for an fcfs band):
 	// those seen within its FlowIdle, see Dispatcher.Flows.
 	Flows int
+	// Requeued counts items put back by Requeue. Each is accepted again:
+	// it is counted in Queued and then in one more outcome.
+	Requeued uint64
 }
 
 // Refusals counts calls that never entered a band's queue, other than
@@ -78,6 +85,7 @@ func (d *Dispatcher[T]) Stats() Stats {
 			Cancelled:  b.cancelled.Load(),
 			Closed:     b.closed.Load(),
 			Rejected:   b.full.Load(),
+			Requeued:   b.requeued.Load(),
 			Refused:    Refusals{Closed: b.doorClosed.Load()},
 			Gate: Gate{
 				Ceiling: math.Float64frombits(b.ceiling.Load()),
