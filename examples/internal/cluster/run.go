@@ -179,8 +179,6 @@ type sim struct {
 	eps []string
 	// evc holds the eviction counts (Config.Evict).
 	evc evictCounts
-	// onEvent, if set, is called after every event (tests).
-	onEvent func(s *sim)
 }
 
 // evictCounts are the eviction's counts over the run.
@@ -357,7 +355,11 @@ func run(cfg Config) (*sim, error) {
 			if gw.d != nil {
 				held = gw.d.Held
 			}
-			ev, err := flowcontrol.NewEvictor(cfg.Eviction, bands, source{s, gw}, held, s.nowTime)
+			var src flowcontrol.SaturationSource = source{s, gw}
+			if cfg.EvictOnKV {
+				src = kvSource{s, gw}
+			}
+			ev, err := flowcontrol.NewEvictor(cfg.Eviction, bands, src, held, s.nowTime)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 			}
@@ -425,8 +427,8 @@ func (s *sim) loop() {
 		if s.err != nil {
 			return
 		}
-		if s.onEvent != nil {
-			s.onEvent(s)
+		if s.cfg.onEventHook != nil {
+			s.cfg.onEventHook(s)
 		}
 	}
 }
