@@ -76,6 +76,9 @@ func (s *sim) evict(id int32) {
 	s.evc.evictions++
 	s.evc.wastedPrefill += int64(min(q.vr.Computed(), q.vr.Input))
 	s.evc.wastedDecode += int64(q.vr.Generated())
+	if q.vr.Blocks() == 0 {
+		s.evc.idle++ // waiting in the replica's queue: it frees nothing
+	}
 	s.replicas[r].Abort(q.vr)
 	s.catchUp(g)
 	s.moveInflight(q.gw, r, -1)

@@ -71,6 +71,9 @@ type Result struct {
 	Evictions             int
 	EvictionsPerMin       float64
 	Requeued, Cut, Immune int
+	// IdleVictims counts the victims that held no KV block when they were
+	// taken (waiting in the replica's queue): their eviction freed nothing.
+	IdleVictims int
 	// WastedPrefill and WastedDecode are the work the victims had done when they
 	// were aborted: prompt tokens whose KV they had computed, output tokens they
 	// had sampled. ServedTokens is the prompt and output tokens of the completed
@@ -185,7 +188,7 @@ func (s *sim) result() Result {
 	res.TotalThroughput /= time.Duration(s.window).Seconds()
 	res.TotalGoodput /= time.Duration(s.window).Seconds()
 	res.Evict = s.cfg.Evict
-	res.Evictions, res.Requeued, res.Cut = s.evc.evictions, s.evc.requeued, s.evc.cut
+	res.Evictions, res.Requeued, res.Cut, res.IdleVictims = s.evc.evictions, s.evc.requeued, s.evc.cut, s.evc.idle
 	res.EvictionsPerMin = float64(s.evc.evictions) / time.Duration(s.window).Minutes()
 	res.WastedPrefill, res.WastedDecode = s.evc.wastedPrefill, s.evc.wastedDecode
 	if res.ServedTokens > 0 {

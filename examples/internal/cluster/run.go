@@ -183,8 +183,8 @@ type sim struct {
 
 // evictCounts are the eviction's counts over the run.
 type evictCounts struct {
-	evictions, requeued, cut    int
-	wastedPrefill, wastedDecode int64
+	evictions, requeued, cut, idle int
+	wastedPrefill, wastedDecode    int64
 }
 
 func (s *sim) push(at int64, k evKind, idx int32) {
