@@ -69,6 +69,12 @@ type options struct {
 	quiet       bool
 
 	preemptWaiting bool // -preempt-for-waiting: vllm.Config.PreemptForWaiting (a what-if)
+
+	evictRows    []string // policies also run with eviction, as rows "<policy>+evict"
+	eviction     flowcontrol.EvictionConfig
+	evictKV      bool // -evict-on-kv
+	shedStream   bool // -sheddable-stream
+	critNoStream bool // -critical-stream=false
 }
 
 // DefaultCredit is the simulator's saturation wiring: whether the gateway adds its
@@ -102,6 +108,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.preemptWaiting, "preempt-for-waiting", false, "what-if, not vLLM's behaviour: in the rows with backend priority a waiting request preempts less urgent running ones for its KV blocks (vllm.Config.PreemptForWaiting; vLLM V1 never does, vllm-project/vllm#40004)")
 	bpRows := fs.String("backend-priority-rows", "",
 		"comma-separated policies also run with backend priority, as rows named <policy>+bp (-full: "+strings.Join(fullBPRows, ",")+"; ignored with -backend-priority)")
+	evictRows := fs.String("evict-rows", strings.Join(defaultEvictRows, ","),
+		"comma-separated policies (flowgate's, none) also run with eviction (flowcontrol.Evictor), as rows named <policy>+evict; empty for none (-full: "+strings.Join(fullEvictRows, ",")+")")
+	fs.BoolVar(&o.shedStream, "sheddable-stream", false, "sheddable clients stream: their response starts at the first token, and a started response is no eviction victim unless -evict-started (default: sheddable calls without stream, its response starts when it completes)")
+	critStream := fs.Bool("critical-stream", true, "critical clients stream (a critical request without its first token for -evict-stall is held)")
+	fs.BoolVar(&o.eviction.Started, "evict-started", false, "eviction may take started streams too; they end as failed (EvictionConfig.Started)")
+	fs.Float64Var(&o.eviction.Threshold, "evict-threshold", 0, "eviction acts at and above this saturation (0 = flowcontrol.DefaultEvictionThreshold)")
+	fs.DurationVar(&o.eviction.Stall, "evict-stall", 0, "a request without its first byte this long is held (0 = flowcontrol.DefaultEvictionStall)")
+	fs.DurationVar(&o.eviction.Grace, "evict-grace", 0, "pause after a confirmed eviction before the next on the same replica (0 = the larger of flowcontrol.DefaultEvictionGrace and -scrape)")
+	fs.BoolVar(&o.evictKV, "evict-on-kv", false, "eviction reads the pool's KV-cache pressure alone (mean KV usage / -kv-threshold), not the gate's saturation")
+	fs.IntVar(&o.eviction.MaxEvictions, "evict-max", 0, "evictions of one request before it is immune (0 = flowcontrol.DefaultMaxEvictions)")
 	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
 	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
 	aggregate := fs.String("aggregate", DefaultAggregate, "flowgate's saturation: combine replicas by mean (saturation.Scorer.Pool) or max (Scorer.PoolMax)")
@@ -155,6 +171,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.step.Base, o.step.PerAdmit = *base, *admit
+	o.critNoStream = !*critStream
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if o.full {
@@ -166,6 +183,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		if !set["format"] {
 			o.format = "table"
+		}
+		if !set["evict-rows"] {
+			*evictRows = strings.Join(fullEvictRows, ",")
 		}
 	} else if !set["workload"] && !set["qps"] {
 		o.points = defaultPoints
@@ -290,6 +310,20 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-client-timeout must be >= 0")
 	case o.llmdTTL < 0:
 		return o, errors.New("-llmd-ttl must be >= 0")
+	case !(o.eviction.Threshold >= 0) || math.IsInf(o.eviction.Threshold, 1):
+		return o, errors.New("-evict-threshold must be finite and >= 0")
+	case o.eviction.Stall < 0 || o.eviction.Grace < 0 || o.eviction.MaxEvictions < 0:
+		return o, errors.New("-evict-stall, -evict-grace and -evict-max must be >= 0")
+	}
+	if *evictRows != "" {
+		for _, f := range strings.Split(*evictRows, ",") {
+			switch f = strings.TrimSpace(f); f {
+			case cluster.None, cluster.Static, cluster.SoftReflective, cluster.PriorityHoldback, cluster.StaticBlockCritical:
+				o.evictRows = append(o.evictRows, f)
+			default:
+				return o, fmt.Errorf("-evict-rows: %q must be none or one of flowgate's policies", f)
+			}
+		}
 	}
 	rc := vllm.DefaultConfig()
 	rc.Step = o.step
@@ -299,6 +333,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	return o, nil
 }
+
+// defaultEvictRows are the policies the default run also runs with eviction:
+// flowgate's shipped policy. fullEvictRows (-full) add no gate at all, which
+// the default run leaves out for its time: without a gate every request is
+// tracked at once (thousands at codegen@24), and each check scans them all
+// (4 s a run there instead of 0.1 s).
+var (
+	defaultEvictRows = []string{cluster.SoftReflective}
+	fullEvictRows    = []string{cluster.SoftReflective, cluster.None}
+)
+
+// EvictSuffix marks a row run with eviction (-evict-rows).
+const EvictSuffix = "+evict"
 
 // fullBPRows are the policies -full also runs with backend priority: no gateway
 // gate and flowgate's shipped policy, each beside its row without.
@@ -370,6 +417,6 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
 		Credit: o.credit, PlainController: o.plain, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
-		Holdback: o.holdback,
+		Holdback: o.holdback, Eviction: o.eviction, EvictOnKV: o.evictKV, SheddableStream: o.shedStream, CriticalNoStream: o.critNoStream,
 	}
 }

@@ -3,9 +3,10 @@
 // what price and against what: at every overloaded published point and codegen@10, over
 // 5 seeds, it runs no flow control, llm-d parity (package flowcontrol/llmd: llm-d's
 // static and soft-reflective policies), flowgate's soft-reflective policy as
-// flowhttp.Gateway ships it and the critical-only floor, and prints a few sentences and
-// one table. -full runs the whole grid (every published point, flowgate's static, rows
-// with backend priority) and prints every figure; -format json writes JSON Lines (one
+// flowhttp.Gateway ships it, the same with eviction (flowcontrol.Evictor) and the
+// critical-only floor, and prints a few sentences, one table and the eviction's table
+// with its price. -full runs the whole grid (every published point, flowgate's static,
+// rows with backend priority, no gate with eviction) and prints every figure; -format json writes JSON Lines (one
 // object per workload, qps, policy, seed); -fit prints the calibration fit. See
 // README.md next to this file.
 package main

@@ -41,7 +41,7 @@ func TestSameSeedSameBytes(t *testing.T) {
 func TestJSONKeys(t *testing.T) {
 	out := runArgs(t, "-workload", "chat", "-qps", "20", "-duration", "10s", "-format", "json", "-quiet", "-gateways", "2",
 		"-seeds", "2", "-policy", "none,llmd-static,llmd-soft-reflective,static,soft-reflective",
-		"-backend-priority-rows", "none,soft-reflective")
+		"-backend-priority-rows", "none,soft-reflective", "-evict-rows", "")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	pols := []string{"floor", "none", "llmd-static", "llmd-soft-reflective", "static", "soft-reflective", "none+bp", "soft-reflective+bp"}
 	require.Len(t, lines, 2*len(pols), "one object per (workload, qps, policy, seed): JSON Lines")
@@ -78,6 +78,7 @@ func TestFlagErrors(t *testing.T) {
 		{"-workload", "poetry"}, {"-qps", "1,x"}, {"-qps", "-3"}, {"-policy", "fifo"}, {"-format", "xml"},
 		{"-duration", "0s"}, {"-gateways", "0"}, {"-burst", "-1"}, {"-step-decode-ns", "-1"}, {"extra"},
 		{"-seeds", "0"}, {"-client-timeout", "-1s"}, {"-policy", "none,fifo"},
+		{"-evict-rows", "llmd-static"}, {"-evict-stall", "-1s"}, {"-evict-threshold", "-1"}, {"-evict-max", "-1"},
 	} {
 		var out, errb bytes.Buffer
 		require.Error(t, run(args, &out, &errb), "%v", args)
@@ -104,7 +105,7 @@ func TestSameSeedSameBytesGateways4(t *testing.T) {
 	a := runArgs(t, args...)
 	b := runArgs(t, append(args, "-parallel", "1")...)
 	require.Equal(t, a, b)
-	require.Equal(t, 2*7, strings.Count(a, "\n"), "floor + 4 policies + 2 backend-priority rows, 2 seeds")
+	require.Equal(t, 2*8, strings.Count(a, "\n"), "floor + 4 policies + 2 backend-priority rows + 1 eviction row, 2 seeds")
 }
 
 // TestFitRuns: -fit prints one row per published figure, each with the hardware value,
@@ -128,8 +129,8 @@ func TestFitRuns(t *testing.T) {
 // (no +bp rows). A bound is printed for an overloaded point (a finite figure, not –).
 func TestTableStepBoundAndBackendPriorityRows(t *testing.T) {
 	out := runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none,soft-reflective",
-		"-format", "table", "-backend-priority-rows", "none,soft-reflective")
-	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none | soft-reflective | none+bp | soft-reflective+bp |")
+		"-format", "table", "-backend-priority-rows", "none,soft-reflective", "-evict-rows", "soft-reflective,none")
+	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none | soft-reflective | none+bp | soft-reflective+bp | soft-reflective+evict | none+evict |")
 	row := ""
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "| chat | 80 |") {
@@ -140,7 +141,7 @@ func TestTableStepBoundAndBackendPriorityRows(t *testing.T) {
 	cells := strings.Split(row, "|")
 	require.Greater(t, len(cells), 4, out)
 	require.Regexp(t, `^ [0-9]+ ms $`, cells[4], "the bound of chat@80: %q", row)
-	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-format", "table")
+	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-format", "table", "-evict-rows", "")
 	require.Contains(t, out, "| workload | QPS | floor | step-time bound | none |\n")
 	out = runArgs(t, "-workload", "chat", "-qps", "80", "-duration", "20s", "-seeds", "1", "-quiet", "-policy", "none", "-backend-priority", "-format", "json")
 	require.NotContains(t, out, "+bp")

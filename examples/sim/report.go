@@ -31,6 +31,9 @@ func (o options) policiesRun() []string {
 	for _, p := range o.bpRows {
 		ps = append(ps, p+BPSuffix)
 	}
+	for _, p := range o.evictRows {
+		ps = append(ps, p+EvictSuffix)
+	}
 	return ps
 }
 
@@ -51,11 +54,15 @@ func (o options) jobs() []job {
 	var js []job
 	for _, pt := range ps {
 		for _, p := range o.policiesRun() {
-			pol, bp := strings.CutSuffix(p, BPSuffix)
+			pol, evict := strings.CutSuffix(p, EvictSuffix)
+			pol, bp := strings.CutSuffix(pol, BPSuffix)
 			for k := range o.seeds {
 				j := job{cfg: o.config(pt.w, pt.qps, pol, o.seed+uint64(k))}
 				if bp {
 					j.cfg.BackendPriority, j.label = true, p
+				}
+				if evict {
+					j.cfg.Evict, j.label = true, p
 				}
 				js = append(js, j)
 			}
@@ -71,7 +78,7 @@ func (j job) name() string {
 	if j.label != "" {
 		n = j.label
 	}
-	if j.cfg.BackendPriority && !strings.HasSuffix(n, BPSuffix) {
+	if j.cfg.BackendPriority && !strings.Contains(n, BPSuffix) {
 		n += BPSuffix
 	}
 	if j.note != "" {
@@ -168,6 +175,17 @@ type jsonRecord struct {
 	ShareDeadZone     float64 `json:"share_dead_zone"`
 	ShareProportional float64 `json:"share_proportional"`
 	ShareHardBlock    float64 `json:"share_hard_block"`
+	// Eviction rows only (-evict-rows).
+	Evict           bool    `json:"evict,omitempty"`
+	Evictions       *int    `json:"evictions,omitempty"`
+	EvictionsPerMin float64 `json:"evictions_per_min,omitempty"`
+	Requeued        int     `json:"requeued,omitempty"`
+	Cut             int     `json:"cut,omitempty"`
+	Immune          int     `json:"immune,omitempty"`
+	IdleVictims     int     `json:"idle_victims,omitempty"`
+	WastedPrefill   int64   `json:"wasted_prefill_tokens,omitempty"`
+	WastedDecode    int64   `json:"wasted_decode_tokens,omitempty"`
+	WastedShare     float64 `json:"wasted_share,omitempty"`
 }
 
 func writeJSON(w io.Writer, rs []cluster.Result) error {
@@ -195,6 +213,12 @@ func writeJSON(w io.Writer, rs []cluster.Result) error {
 			SheddableTimeouts: r.Sheddable.Timeouts,
 			ShareDeadZone:     round3(r.ShareDeadZone), ShareProportional: round3(r.ShareProportional),
 			ShareHardBlock: round3(r.ShareHardBlock),
+		}
+		if r.Evict {
+			n := r.Evictions
+			rec.Evict, rec.Evictions, rec.EvictionsPerMin = true, &n, round3(r.EvictionsPerMin)
+			rec.Requeued, rec.Cut, rec.Immune, rec.IdleVictims = r.Requeued, r.Cut, r.Immune, r.IdleVictims
+			rec.WastedPrefill, rec.WastedDecode, rec.WastedShare = r.WastedPrefill, r.WastedDecode, round3(r.WastedShare)
 		}
 		if err := enc.Encode(rec); err != nil {
 			return err
@@ -292,6 +316,7 @@ type figure struct {
 
 func f3(x float64) string   { return fmt.Sprintf("%.3f", x) }
 func f2(x float64) string   { return fmt.Sprintf("%.2f", x) }
+func f1(x float64) string   { return fmt.Sprintf("%.1f", x) }
 func fint(x float64) string { return fmt.Sprintf("%.0f", x) }
 
 var figures = []figure{
@@ -308,6 +333,10 @@ var figures = []figure{
 	{"rejected", func(r *cluster.Result) float64 { return float64(r.Critical.Rejected + r.Sheddable.Rejected) }, fint},
 	{"mean saturation", func(r *cluster.Result) float64 { return r.MeanSaturation }, f2},
 	{"preemptions", func(r *cluster.Result) float64 { return float64(r.Preemptions) }, fint},
+	{"evictions/min", func(r *cluster.Result) float64 { return r.EvictionsPerMin }, f1},
+	{"wasted tokens %", func(r *cluster.Result) float64 { return r.WastedShare * 100 }, f1},
+	{"idle victims", func(r *cluster.Result) float64 { return float64(r.IdleVictims) }, fint},
+	{"cut streams", func(r *cluster.Result) float64 { return float64(r.Cut) }, fint},
 }
 
 func statFor(rs []*cluster.Result, get func(*cluster.Result) float64) stat {
@@ -324,6 +353,8 @@ var comparisons = [][2]string{
 	{cluster.LLMDSoftReflective, cluster.LLMDStatic},
 	{cluster.SoftReflective, cluster.None},
 	{cluster.SoftReflective, cluster.LLMDStatic},
+	{cluster.SoftReflective + EvictSuffix, cluster.SoftReflective},
+	{cluster.None + EvictSuffix, cluster.None},
 }
 
 func writeTable(w io.Writer, o options, rs []cluster.Result) error {

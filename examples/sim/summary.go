@@ -22,6 +22,7 @@ const (
 
 // displayName is a row's name in the summary: flowgate's shipped policy is "flowgate".
 func displayName(row string) string {
+	row, evict := strings.CutSuffix(row, EvictSuffix)
 	pol, bp := strings.CutSuffix(row, BPSuffix)
 	n, ok := map[string]string{
 		cluster.LLMDStatic:           "llm-d static",
@@ -37,6 +38,9 @@ func displayName(row string) string {
 	}
 	if bp {
 		n += BPSuffix
+	}
+	if evict {
+		n += EvictSuffix
 	}
 	return n
 }
@@ -109,7 +113,14 @@ var (
 // price), then one table with a legend that explains every column.
 func writeSummary(w io.Writer, o options, rs []cluster.Result) error {
 	ps := points(rs)
-	pols := o.policiesRun()
+	var pols, evictRows []string // the main table's rows; the eviction table's
+	for _, p := range o.policiesRun() {
+		if strings.HasSuffix(p, EvictSuffix) {
+			evictRows = append(evictRows, p)
+		} else {
+			pols = append(pols, p)
+		}
+	}
 	has := func(p string) bool { return slices.Contains(pols, p) }
 	compare := has(cluster.None) && has(cluster.SoftReflective)
 	var b strings.Builder
@@ -225,8 +236,93 @@ func writeSummary(w io.Writer, o options, rs []cluster.Result) error {
 		item("sheddable p99: the price in latency, sheddable TTFT p99 with none → with flowgate.")
 		item("throughput: the price in work, flowgate's completed requests per second (both classes) against none's.")
 	}
+	if len(evictRows) > 0 {
+		b.WriteString("\n")
+		writeEvictSummary(&b, o, ps, evictRows, seeds)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// Eviction figures of a result.
+var (
+	shedE2E     = func(r *cluster.Result) float64 { return r.Sheddable.E2Ep99 }
+	evictPerMin = func(r *cluster.Result) float64 { return r.EvictionsPerMin }
+	wastedPct   = func(r *cluster.Result) float64 { return r.WastedShare * 100 }
+	cutOf       = func(r *cluster.Result) float64 { return float64(r.Cut) }
+)
+
+// writeEvictSummary prints the eviction rows (-evict-rows): a paragraph, one
+// table of critical TTFT p99 with and without eviction, and the price of the
+// first eviction row (flowgate's when it runs): evictions per minute, the
+// victims' wasted work, the sheddable TTFT and E2E p99 and the throughput
+// against none.
+func writeEvictSummary(b *strings.Builder, o options, ps []point, rows []string, seeds string) {
+	para := func(format string, a ...any) { b.WriteString(wrap(fmt.Sprintf(format, a...), summaryWrap, 0)) }
+	item := func(format string, a ...any) { b.WriteString(wrap(fmt.Sprintf(format, a...), summaryWrap, 2)) }
+	stream := "critical clients stream, sheddable ones do not (their response starts when it completes)"
+	switch {
+	case o.shedStream && !o.critNoStream:
+		stream = "every client streams (-sheddable-stream)"
+	case o.shedStream:
+		stream = "sheddable clients stream, critical ones do not"
+	case o.critNoStream:
+		stream = "no client streams"
+	}
+	cut := "a started response is never cut"
+	if o.eviction.Started {
+		cut = "a started stream may be cut, and ends as failed (-evict-started)"
+	}
+	para("Taking work back (eviction, flowcontrol.Evictor): a gateway takes back sheddable requests from a "+
+		"replica where a critical one has waited for its first token past the stall bound while the pool reads "+
+		"saturated, and re-queues them (without a gate: sends them again at once); %s; %s.", stream, cut)
+	b.WriteString("\n")
+	main := rows[0]
+	base := strings.TrimSuffix(main, EvictSuffix) // the row main is compared with
+	if !slices.Contains(o.policiesRun(), base) {
+		base = ""
+	}
+	head := []string{"point"}
+	if base != "" {
+		head = append(head, displayName(base))
+	}
+	for _, p := range rows {
+		head = append(head, displayName(p))
+	}
+	head = append(head, "evict/min", "wasted", "sheddable p99 TTFT/E2E", "throughput")
+	table := [][]string{head}
+	for _, pt := range ps {
+		row := []string{fmt.Sprintf("%s@%g", pt.workload, pt.qps)}
+		if base != "" {
+			row = append(row, fmtMs(statFor(pt.by[base], critTTFT).med))
+		}
+		for _, p := range rows {
+			st := statFor(pt.by[p], critTTFT)
+			cell := fmtMs(st.med)
+			if p == main && fmtMs(st.lo) != fmtMs(st.hi) {
+				cell += " [" + fmtRange(st.lo, st.hi) + "]"
+			}
+			row = append(row, cell)
+		}
+		m := pt.by[main]
+		row = append(row, fmt.Sprintf("%.1f", statFor(m, evictPerMin).med), fmt.Sprintf("%.1f %%", statFor(m, wastedPct).med),
+			fmtMs(statFor(m, shedTTFT).med)+" / "+fmtMs(statFor(m, shedE2E).med),
+			fmtChange(statFor(pt.by[cluster.None], totalThr).med, statFor(m, totalThr).med))
+		table = append(table, row)
+	}
+	b.WriteString(formatColumns(table))
+	b.WriteString("\n")
+	item("critical TTFT p99, %s; +evict: the same row with eviction; [min–max] over the seeds.", seeds)
+	item("evict/min to throughput: the price of %s: evictions per minute of arrivals; wasted, the prompt "+
+		"tokens the victims had computed and the output tokens they had sampled, as a share of the tokens "+
+		"served; sheddable TTFT and E2E p99; total throughput against none's.", displayName(main))
+	if o.eviction.Started {
+		n := 0.0
+		for _, pt := range ps {
+			n += statFor(pt.by[main], cutOf).med
+		}
+		item("cut streams (median per point, summed over the points): %.0f.", n)
+	}
 }
 
 // aboveFloor reports whether the point's step-time bound (median over seeds) exceeds its

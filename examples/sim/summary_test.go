@@ -18,21 +18,33 @@ import (
 func TestDefaultRun(t *testing.T) {
 	o, err := parseFlags(nil, nil)
 	require.NoError(t, err)
-	require.Equal(t, []string{cluster.Floor, cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.SoftReflective}, o.policiesRun())
+	require.Equal(t, []string{cluster.Floor, cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.SoftReflective,
+		cluster.SoftReflective + EvictSuffix}, o.policiesRun())
 	require.Equal(t, "summary", o.format)
 	require.Equal(t, 5, o.seeds)
 	require.Equal(t, "codegen@10, codegen@16, codegen@24, chat@80, reasoning@0.7, reasoning@1.2", pointsString(o.points))
-	require.Len(t, o.jobs(), 6*5*5)
+	require.Equal(t, 6*6*5, len(o.jobs()))
+	evicts := 0
+	for _, j := range o.jobs() {
+		if j.cfg.Evict {
+			evicts++
+			require.Equal(t, cluster.SoftReflective, j.cfg.Policy)
+			require.Equal(t, j.cfg.Policy+EvictSuffix, j.label)
+			require.Zero(t, j.cfg.Eviction, "the library's defaults")
+		}
+	}
+	require.Equal(t, 6*5, evicts)
 
 	o, err = parseFlags([]string{"-full"}, nil)
 	require.NoError(t, err)
 	require.Nil(t, o.points)
 	require.Equal(t, "table", o.format)
 	require.Equal(t, []string{cluster.Floor, cluster.None, cluster.LLMDStatic, cluster.LLMDSoftReflective, cluster.Static,
-		cluster.SoftReflective, cluster.None + BPSuffix, cluster.SoftReflective + BPSuffix}, o.policiesRun())
-	require.Len(t, o.jobs(), 12*8*5)
+		cluster.SoftReflective, cluster.None + BPSuffix, cluster.SoftReflective + BPSuffix,
+		cluster.SoftReflective + EvictSuffix, cluster.None + EvictSuffix}, o.policiesRun())
+	require.Equal(t, 12*10*5, len(o.jobs()))
 
-	o, err = parseFlags([]string{"-full", "-format", "json", "-backend-priority-rows", "", "-policy", "none"}, nil)
+	o, err = parseFlags([]string{"-full", "-format", "json", "-backend-priority-rows", "", "-evict-rows", "", "-policy", "none"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "json", o.format)
 	require.Equal(t, []string{cluster.Floor, cluster.None}, o.policiesRun())
@@ -40,7 +52,7 @@ func TestDefaultRun(t *testing.T) {
 	o, err = parseFlags([]string{"-workload", "chat"}, nil)
 	require.NoError(t, err)
 	require.Nil(t, o.points, "-workload alone: its published points")
-	require.Len(t, o.jobs(), 4*5*5)
+	require.Equal(t, 4*6*5, len(o.jobs()))
 }
 
 // TestSummaryShape: the default output is sentences first (one per point, the
@@ -69,7 +81,17 @@ func TestSummaryShape(t *testing.T) {
 	for _, c := range []string{"floor:", "none:", "llm-d static, llm-d soft-refl.:", "flowgate:", "sheddable p99:", "throughput:"} {
 		require.Contains(t, legend, c)
 	}
-	require.Contains(t, errb.String(), "[1/60] ")
+	require.Contains(t, errb.String(), "[1/72] ")
+	// The eviction table: its own rows, the price of flowgate+evict.
+	ev := strings.Index(s, "\npoint ")
+	ev = strings.Index(s[ev+1:], "\npoint ") + ev + 1
+	require.Greater(t, ev, head, "a second table: eviction")
+	require.Contains(t, s[head:ev], "Taking work back")
+	header = strings.Fields(strings.NewReplacer("sheddable p99 TTFT/E2E", "sheddable_p99").Replace(strings.SplitN(s[ev+1:], "\n", 2)[0]))
+	require.Equal(t, []string{"point", "flowgate", "flowgate+evict", "evict/min", "wasted", "sheddable_p99", "throughput"}, header)
+	for _, p := range defaultPoints {
+		require.Contains(t, s[ev:], "\n"+pointsString([]sweepPoint{p})+" ", "a row per point")
+	}
 	require.Contains(t, errb.String(), "; ETA ")
 
 	errb.Reset()

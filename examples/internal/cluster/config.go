@@ -226,6 +226,35 @@ type Config struct {
 	// DefaultHoldback().
 	Holdback flowcontrol.HoldbackConfig
 
+	// Evict runs one flowcontrol.Evictor per gateway beside its dispatcher (or,
+	// with None and the Floor, beside its dispatch on arrival): it takes back
+	// dispatched sheddable requests from a replica where a critical request
+	// waits without its first token for Eviction.Stall while the gateway's
+	// saturation is at or above Eviction.Threshold (see "Eviction" in
+	// examples/sim/README.md). A victim whose response has not started is
+	// aborted at its replica and re-queued at the head of its band (None:
+	// dispatched again at once); a started stream (Eviction.Started) ends as
+	// failed. Only flowgate's policies, None and the Floor take it.
+	Evict bool
+	// Eviction tunes the evictor; zero fields are the library's defaults, except
+	// Grace, which is at least Scrape (the freed capacity shows in the
+	// saturation one scrape later). Enabled is ignored (Evict is the switch).
+	Eviction flowcontrol.EvictionConfig
+	// EvictOnKV gives the evictors the pool's KV-cache pressure alone (the mean
+	// over replicas of vllm:kv_cache_usage_perc / KVThreshold, a stale reading
+	// 1, as saturation.Scorer scores KV) instead of the gateway's saturation: a
+	// critical request held while the caches have room waits for compute, which
+	// no eviction frees.
+	EvictOnKV bool
+	// SheddableStream makes sheddable clients stream (their response starts at
+	// the first token); CriticalNoStream makes critical clients not stream (it
+	// starts when the request completes, the whole body at once). The default:
+	// critical streams, sheddable does not, as batch and background jobs usually
+	// call without stream. Only eviction reads it: a started response is no
+	// victim unless Eviction.Started, and a request whose response has not
+	// started counts as held after Eviction.Stall.
+	SheddableStream, CriticalNoStream bool
+
 	// noSkip makes every gateway tick on every tick of the run (tests compare it with
 	// the skipping loop, which must give the same result).
 	noSkip bool
@@ -235,6 +264,8 @@ type Config struct {
 	// onTick, if set, is called after every tick the dispatcher runs, with the
 	// saturation the tick was accounted at (tests).
 	onTick func(s *sim, g *gateway, sat float64)
+	// onEventHook, if set, is called after every event (tests).
+	onEventHook func(s *sim)
 	// onRoute, if set, is called with every routing decision, before the request
 	// counts on replica r (tests).
 	onRoute func(s *sim, g *gateway, r int, id int32)
@@ -282,6 +313,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CatchUp == 0 {
 		c.CatchUp = 4096
+	}
+	if c.Evict && c.Eviction.Grace == 0 {
+		c.Eviction.Grace = max(flowcontrol.DefaultEvictionGrace, c.Scrape)
 	}
 	if c.Holdback.Domain == "" && c.Holdback.Shape == "" && c.Holdback.MinCeiling == 0 && c.Holdback.MaxCeiling == 0 && c.Holdback.Ceilings == nil {
 		c.Holdback = DefaultHoldback()
@@ -337,6 +371,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: ClientTimeout %v must be >= 0", ErrInvalidConfig, c.ClientTimeout)
 	case c.LLMDTTL < 0:
 		return fmt.Errorf("%w: LLMDTTL %v must be >= 0", ErrInvalidConfig, c.LLMDTTL)
+	}
+	if c.Evict && c.llmd() {
+		return fmt.Errorf("%w: Evict is for flowgate's policies, None and the Floor, not %q", ErrInvalidConfig, c.Policy)
 	}
 	if c.Policy == PriorityHoldback || c.Policy == LLMDPriorityHoldback {
 		if _, err := c.Holdback.BandCeilings(bandPriorities); err != nil {

@@ -12,6 +12,7 @@ type Class struct {
 	Rejected  int // refused by the gateway (queue full); expiries are off
 	Shed      int // refused by the admission stage (Config.Admission)
 	Timeouts  int // clients that gave up (Config.ClientTimeout) before completion
+	Cut       int // started streams that an eviction ended (Config.Eviction.Started)
 	// TTFTp50 and TTFTp99 are in ms, over requests that got a first token and, counted
 	// at the client timeout (a lower bound: censored), those whose client gave up first.
 	TTFTp50 float64
@@ -59,6 +60,26 @@ type Result struct {
 	BackendPriority bool
 	// Steps of the arrival window, for the step-time bound (see StepBound).
 	StepStats StepStats
+	// Evict is Config.Evict (a row of its own in the tables).
+	Evict bool
+	// Evictions counts the requests the evictors took back (all of them
+	// sheddable: the simulator has two bands), per minute of the arrival window
+	// too; Requeued of them went back to their gateway's queue (or, with no
+	// dispatcher, straight to a replica) and Cut ended as failed (started
+	// streams, Config.Eviction.Started). Immune counts the requests evicted
+	// Eviction.MaxEvictions times.
+	Evictions             int
+	EvictionsPerMin       float64
+	Requeued, Cut, Immune int
+	// IdleVictims counts the victims that held no KV block when they were
+	// taken (waiting in the replica's queue): their eviction freed nothing.
+	IdleVictims int
+	// WastedPrefill and WastedDecode are the work the victims had done when they
+	// were aborted: prompt tokens whose KV they had computed, output tokens they
+	// had sampled. ServedTokens is the prompt and output tokens of the completed
+	// requests; WastedShare is (WastedPrefill + WastedDecode) / ServedTokens.
+	WastedPrefill, WastedDecode, ServedTokens int64
+	WastedShare                               float64
 }
 
 // Percentile returns the nearest-rank p-quantile (0 < p ≤ 1) of sorted xs, 0 if empty.
@@ -103,7 +124,12 @@ func (s *sim) result() Result {
 			cl.Timeouts++
 			continue
 		}
+		if q.cut {
+			cl.Cut++
+			continue
+		}
 		if q.done >= 0 {
+			res.ServedTokens += int64(q.vr.Input + q.vr.Output)
 			cl.Completed++
 			cl.Goodput++
 			e2e[c] = append(e2e[c], ms(q.done-q.arrive))
@@ -161,6 +187,20 @@ func (s *sim) result() Result {
 	}
 	res.TotalThroughput /= time.Duration(s.window).Seconds()
 	res.TotalGoodput /= time.Duration(s.window).Seconds()
+	res.Evict = s.cfg.Evict
+	res.Evictions, res.Requeued, res.Cut, res.IdleVictims = s.evc.evictions, s.evc.requeued, s.evc.cut, s.evc.idle
+	res.EvictionsPerMin = float64(s.evc.evictions) / time.Duration(s.window).Minutes()
+	res.WastedPrefill, res.WastedDecode = s.evc.wastedPrefill, s.evc.wastedDecode
+	if res.ServedTokens > 0 {
+		res.WastedShare = float64(res.WastedPrefill+res.WastedDecode) / float64(res.ServedTokens)
+	}
+	for _, g := range s.gws {
+		if g.ev != nil {
+			for _, n := range g.ev.Stats().Immune {
+				res.Immune += int(n)
+			}
+		}
+	}
 	var total, satSum float64
 	var reg [3]float64
 	for _, g := range s.gws {

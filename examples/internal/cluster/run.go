@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
@@ -31,6 +32,7 @@ const (
 	evSweep                 // idx = gateway: llm-d's 1 s expiry sweep
 	evArrival               // idx = gateway
 	evTick                  // idx = gateway
+	evEvict                 // idx = gateway: its Evictor checks, after the instant's releases and before the replicas start their steps
 	evKick                  // idx = replica: start a step if idle, after the instant's releases
 	evSync                  // idx = gateway: the shared in-flight view is refreshed (SharedInFlight)
 )
@@ -46,7 +48,9 @@ type event struct {
 // compareEvents is the simulator's total order of events: by time, then kind (the
 // order of the evKind constants), then index (gateway, replica or request), then
 // insertion sequence. Ties between gateways therefore never depend on the order in
-// which their events happened to be pushed, and the run is deterministic.
+// which their events happened to be pushed, and the run is deterministic. An evEvict
+// comes after the instant's ticks (it sees their dispatches) and before its kicks (a
+// victim's KV is free before its replica schedules the next step).
 func compareEvents(a, b event) int {
 	switch {
 	case a.at != b.at:
@@ -81,7 +85,12 @@ type request struct {
 	shed     bool          // the admission stage shed it (Config.Admission)
 	tenantB  bool          // tenant B's (Config.Tenants)
 	timedOut bool          // its client gave up before it completed
+	cut      bool          // evicted after its response started (Config.Eviction.Started): it ended as failed
 	vr       *vllm.Request // its own allocation: the replica keeps the pointer while reqs grows
+	// tr is the request as its gateway's Evictor tracks it (Config.Evict), from
+	// its first dispatch; act is its eviction (s.evict), made once.
+	tr  *flowcontrol.Tracked
+	act func()
 }
 
 type gateway struct {
@@ -89,12 +98,18 @@ type gateway struct {
 	l        *llmd.Dispatcher[int32]        // LLMDStatic, LLMDSoftReflective
 	llmdSoft *llmd.SoftReflective
 	admit    *flowcontrol.Probabilistic // Config.Admission
-	gen      *workload.Generator
-	next     workload.Arrival
-	hasNext  bool
-	queued   [bands]int
-	inflight []int64 // this gateway's own requests in flight, per replica
-	others   []int64 // the other gateways' in flight per replica, as last synced (SharedInFlight)
+	ev       *flowcontrol.Evictor       // Config.Evict
+	// evictAt is the instant of the evEvict armed (evictArmed); an evEvict at
+	// another instant was superseded by an earlier one, which re-armed from
+	// Evictor.Next, and does nothing.
+	evictAt    int64
+	evictArmed bool
+	gen        *workload.Generator
+	next       workload.Arrival
+	hasNext    bool
+	queued     [bands]int
+	inflight   []int64 // this gateway's own requests in flight, per replica
+	others     []int64 // the other gateways' in flight per replica, as last synced (SharedInFlight)
 	// syncPending: an evSync is pushed for this instant (SharedInFlightExact)
 	syncPending bool
 	readings    []saturation.Reading
@@ -160,6 +175,16 @@ type sim struct {
 	signal signalState
 	// llmdCeilings are LLMDPriorityHoldback's fixed ceilings, for regime.
 	llmdCeilings []float64
+	// eps are the replicas' endpoint names for the Evictor: their indices.
+	eps []string
+	// evc holds the eviction counts (Config.Evict).
+	evc evictCounts
+}
+
+// evictCounts are the eviction's counts over the run.
+type evictCounts struct {
+	evictions, requeued, cut, idle int
+	wastedPrefill, wastedDecode    int64
 }
 
 func (s *sim) push(at int64, k evKind, idx int32) {
@@ -300,6 +325,9 @@ func run(cfg Config) (*sim, error) {
 	s.total = make([]int64, cfg.Replicas)
 	s.signal.init(cfg.Replicas)
 	s.kicked = make([]bool, cfg.Replicas)
+	for r := range cfg.Replicas {
+		s.eps = append(s.eps, strconv.Itoa(r))
+	}
 	for g := range cfg.Gateways {
 		gen, err := workload.NewGenerator(cfg.Workload, cfg.QPS/float64(cfg.Gateways), cfg.CV, cfg.Seed, uint64(g))
 		if err != nil {
@@ -321,6 +349,21 @@ func run(cfg Config) (*sim, error) {
 		}
 		if err := s.newGatewayQueue(gw, gi); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if cfg.Evict {
+			held := func() int { return -1 } // None, the Floor: nothing queued at the gateway
+			if gw.d != nil {
+				held = gw.d.Held
+			}
+			var src flowcontrol.SaturationSource = source{s, gw}
+			if cfg.EvictOnKV {
+				src = kvSource{s, gw}
+			}
+			ev, err := flowcontrol.NewEvictor(cfg.Eviction, bands, src, held, s.nowTime)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			}
+			gw.ev = ev
 		}
 		s.gws = append(s.gws, gw)
 		gw.next = gen.Next()
@@ -378,9 +421,14 @@ func (s *sim) loop() {
 			s.sweep(s.gws[e.idx], e.idx)
 		case evSync:
 			s.sync(s.gws[e.idx], e.idx)
+		case evEvict:
+			s.onEvict(s.gws[e.idx], e.idx, e.at)
 		}
 		if s.err != nil {
 			return
+		}
+		if s.cfg.onEventHook != nil {
+			s.cfg.onEventHook(s)
 		}
 	}
 }
@@ -702,7 +750,7 @@ func (s *sim) timeouts(g *gateway, gi int32) {
 	for g.clientHead < len(g.clients) {
 		id := g.clients[g.clientHead]
 		q := &s.reqs[id]
-		if q.done >= 0 || q.rejected {
+		if q.done >= 0 || q.rejected || q.cut {
 			g.clientHead++
 			continue
 		}
@@ -725,7 +773,7 @@ func (s *sim) timeouts(g *gateway, gi int32) {
 // (its KV blocks are freed).
 func (s *sim) timeout(id int32) {
 	q := &s.reqs[id]
-	if q.done >= 0 || q.rejected || q.timedOut {
+	if q.done >= 0 || q.rejected || q.timedOut || q.cut {
 		return
 	}
 	q.timedOut = true
@@ -749,6 +797,9 @@ func (s *sim) timeout(id int32) {
 		s.replicas[r].Abort(q.vr)
 		s.moveInflight(q.gw, int(r), -1)
 		s.kick(int(r))
+		if q.tr != nil {
+			q.tr.Done()
+		}
 	}
 	s.schedule(g, q.gw)
 }
@@ -797,6 +848,9 @@ func (s *sim) scrape(g *gateway, gi int32) {
 	g.scrapes++
 	s.push(s.now+int64(s.cfg.Scrape), evScrape, gi)
 	s.schedule(g, gi)
+	if g.ev != nil {
+		s.armEvict(g, gi, s.now) // the saturation changed
+	}
 }
 
 // route picks the replica for gateway g's next request by the configured routing.
@@ -913,6 +967,17 @@ func (s *sim) dispatch(gi int32, band int, id int32) {
 	}
 	s.moveInflight(gi, r, 1)
 	s.kick(r)
+	if g.ev != nil {
+		if q.tr == nil {
+			q.act = func() { s.evict(id) }
+			q.tr = g.ev.Track(band, s.eps[r], q.act)
+		} else {
+			q.tr.Again(s.eps[r], q.act)
+		}
+		// Not from here: a Dispatch callback must not re-queue (Requeue takes
+		// the tick lock), and the instant's other releases come first.
+		s.armEvict(g, gi, s.now)
+	}
 }
 
 // seen is the in-flight count on replica r that gateway g sees: its own, plus, with a
@@ -1004,9 +1069,15 @@ func (s *sim) stepEnd(r int) {
 		switch e.Kind {
 		case vllm.FirstToken:
 			q.first = s.now
+			if q.tr != nil && s.streams(q.critical) {
+				q.tr.Start()
+			}
 		case vllm.Finished:
 			q.done = s.now
 			s.pending--
+			if q.tr != nil {
+				q.tr.Done()
+			}
 			s.signal.finished(r, q.vr)
 			g := s.gws[q.gw]
 			s.catchUp(g)
