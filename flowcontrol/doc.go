@@ -81,18 +81,21 @@
 // # Eviction: taking back what has left
 //
 // Gating decides what leaves the gateway; it cannot undo what has left.
-// When the servers' KV cache is full of less critical work released
-// earlier (long decodes), a critical request waits in the server's queue,
-// which preempts nobody for it. An Evictor takes such work back (see
-// Evictor for the rule): while the pool reads saturated and a request of a
-// more critical band is held — released without a first byte for
-// EvictionConfig.Stall, or queued behind a gate — it picks a released
-// request of a less critical band (the least critical band first, then
-// the newest: the least work lost) and calls the act the host gave for it,
-// which cancels it at its server (vLLM and SGLang abort a request whose
-// client disconnects and free its KV cache). One eviction is in flight
-// per endpoint; the next waits for the server's confirmation plus a grace
-// of one scrape, so the freed capacity shows before it is judged again.
+// When a server's KV cache is full of less critical work released earlier
+// (long decodes), a critical request waits in the server's queue, which
+// preempts nobody for it. An Evictor takes such work back (see Evictor for
+// the rule): while a request of a more critical band is held — released
+// without a first byte for EvictionConfig.Stall on an endpoint whose KV
+// cache is full, or queued behind a gate while the pool reads saturated —
+// it picks a released request of a less critical band (the least critical
+// band first, then the newest: the least work lost) and calls the act the
+// host gave for it, which cancels it at its server (vLLM and SGLang abort
+// a request whose client disconnects and free its KV cache). Eviction
+// frees memory, not compute: a request that waits for a long prefill or a
+// full batch on a server with room in its cache is left to wait. One
+// eviction is in flight per endpoint; the next waits for the server's
+// confirmation plus a grace of one scrape, so the freed capacity shows
+// before it is judged again.
 //
 // A victim whose response had not started is not failed: the host
 // re-queues it at the head of its band (Controller.Requeue) and forwards
@@ -103,7 +106,7 @@
 //
 //	c, _ := flowcontrol.NewController(flowcontrol.ControllerConfig{
 //		Config:   cfg,
-//		Eviction: flowcontrol.EvictionConfig{Enabled: true},
+//		Eviction: flowcontrol.EvictionConfig{Enabled: true, KVUsage: kvOf},
 //	})
 //	...
 //	p, err := c.Wait(ctx, band)

@@ -3,7 +3,6 @@ package flowcontrol
 import (
 	"context"
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -14,9 +13,14 @@ import (
 // Eviction defaults (EvictionConfig's zero values).
 const (
 	// DefaultEvictionThreshold is the pool saturation at and above which
-	// an Evictor acts: a pool that still has room serves the held request
-	// without anybody giving way.
+	// an Evictor gives way to a band held at the gateway: a pool that
+	// still has room serves it without anybody giving way.
 	DefaultEvictionThreshold = 1.0
+	// DefaultEvictionKVThreshold is the KV-cache usage at and above which
+	// an endpoint gives way to a request held there. Eviction frees KV
+	// cache: below this the held request waits for compute (a long
+	// prefill, a full batch), which taking work back does not buy.
+	DefaultEvictionKVThreshold = 0.9
 	// DefaultEvictionStall is how long a released request may go without
 	// its first byte before it counts as held.
 	DefaultEvictionStall = 100 * time.Millisecond
@@ -42,8 +46,17 @@ type EvictionConfig struct {
 	// Enabled turns eviction on (ControllerConfig.Eviction; NewEvictor
 	// ignores it).
 	Enabled bool
+	// KVUsage reports an endpoint's KV-cache usage as last read, from 0
+	// to 1 (vLLM's vllm:kv_cache_usage_perc); NaN means unknown. An
+	// endpoint gives way to a request held there only while its usage is
+	// at least KVThreshold. Required (flowhttp.Gateway sets it from its
+	// poller; a host with one pool and no endpoints reads the pool's).
+	KVUsage func(endpoint string) float64
+	// KVThreshold is that usage; 0 means DefaultEvictionKVThreshold.
+	KVThreshold float64
 	// Threshold is the pool saturation at and above which the evictor
-	// acts; 0 means DefaultEvictionThreshold.
+	// gives way to a band held at the gateway; 0 means
+	// DefaultEvictionThreshold.
 	Threshold float64
 	// Stall is how long a tracked request may go without its first byte
 	// (Tracked.Start) before it counts as held; 0 means
@@ -93,15 +106,20 @@ type evictorSetup struct {
 //
 // The rule, at each Check:
 //
-//   - It acts only while the pool's saturation is at least Threshold and
-//     a request of a more critical band is held: tracked, without a first
-//     byte for Stall (held on its endpoint), or queued at the gateway
-//     behind a gate (EvictorConfig's held band: held anywhere).
+//   - It acts only for a request of a more critical band that is held:
+//     tracked without a first byte for Stall, on an endpoint whose KV
+//     cache is full (KVUsage at least KVThreshold: eviction frees memory,
+//     not compute), or queued at the gateway behind a gate while the
+//     pool's saturation is at least Threshold (NewEvictor's held band).
+//     After it gives a held request a victim, that request waits another
+//     Stall before it may call for the next.
 //   - Victims are tracked requests of a less critical band than the held
-//     one, on its endpoint (or anywhere, for a request held at the
-//     gateway): the least critical band first, then the newest (the least
-//     work lost). A request whose response has started is never a victim
-//     unless Started; one evicted MaxEvictions times is immune.
+//     one: on its endpoint, released there before it (a server serves its
+//     queue in order, so what came after the held request is not in its
+//     way), or anywhere, for a request held at the gateway; the least
+//     critical band first, then the newest (the least work lost). A
+//     request whose response has started is never a victim unless
+//     Started; one evicted MaxEvictions times is immune.
 //   - At most one eviction is in flight per endpoint (and one for the
 //     gateway's queue): the next waits until the server confirmed the last
 //     (its Tracked.Done) plus Grace, or, if no confirmation comes, for
@@ -114,33 +132,41 @@ type Evictor struct {
 	setup evictorSetup
 	wake  chan struct{}
 
-	mu   sync.Mutex
-	live []*Tracked // released and not Done; Tracked.idx is the position
-	eps  map[string]*endpointState
+	mu sync.Mutex
+	// eps holds each endpoint's pacing and its tracked requests; order
+	// lists the endpoints in a fixed order (by name), so a host on virtual
+	// time replays the same acts in the same order.
+	eps   map[string]*endpointState
+	order []*endpointState
+	// watch holds the tracked requests that may be held: not started, of
+	// a band with a less critical one below it (Tracked.widx is the
+	// position). Check and Next scan it, not every tracked request.
+	watch []*Tracked
 	// pool is the pacing of evictions for a request held at the gateway
 	// (not on an endpoint): one at a time, paced like an endpoint's.
 	pool    endpointState
+	tracked int
 	seq     uint64
 	evicted []uint64 // per band
 	immune  []uint64 // per band
 	pending []*Tracked
-	demand  []heldOn
 	// wakeAt is when Run's timer fires next (zero: Run sleeps until
 	// nudged, or no Run).
 	wakeAt time.Time
 }
 
-// heldOn is the most critical band held on an endpoint (Check's scratch).
-type heldOn struct {
-	endpoint string
-	band     int
-}
-
-// endpointState is the pacing of one endpoint's evictions.
+// endpointState is one endpoint's tracked requests and the pacing of its
+// evictions.
 type endpointState struct {
-	evicting int       // evictions not yet confirmed
-	actAt    time.Time // the last act
-	until    time.Time // no new eviction before (the last confirmation + Grace)
+	name     string
+	live     []*Tracked // released there and not Done; Tracked.idx is the position
+	evicting int        // evictions not yet confirmed
+	actAt    time.Time  // the last act
+	until    time.Time  // no new eviction before (the last confirmation + Grace)
+	// Check's scratch: the most critical band held there, and the newest
+	// release of that band held (victims were released before it).
+	held    int
+	heldSeq uint64
 }
 
 // busy reports whether the endpoint (or the gateway's queue) may not give
@@ -155,30 +181,28 @@ func (st *endpointState) busy(now time.Time, confirm time.Duration) bool {
 type Tracked struct {
 	e         *Evictor
 	band      int
-	endpoint  string
-	at        time.Time
+	ep        *endpointState
+	at        time.Time // held from: released, or last given a victim
 	seq       uint64
 	act       func()
-	idx       int // in e.live, -1 when not live
+	idx       int // in ep.live, -1 when not live
+	widx      int // in e.watch, -1 when not there
 	started   bool
 	evicting  bool // the act was called and Done has not come
 	forPool   bool // the eviction was for a request held at the gateway
 	evictions int
 }
 
-// NewEvictor returns an evictor for a host that drives it itself (a
-// simulator, a Dispatcher's host): bands is the number of bands, source the
-// pool's saturation, held reports the most critical band queued behind a
-// gate at the gateway (-1 none; nil means none; Dispatcher.Held fits), now
-// is the clock (nil means time.Now). A Controller whose
-// ControllerConfig.Eviction is Enabled builds and runs its own (see
-// Controller.Evictor). Errors wrap ErrInvalidConfig and name the field.
 func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held func() int, now func() time.Time) (*Evictor, error) {
 	switch {
 	case bands < 1 || bands > MaxBands:
 		return nil, fmt.Errorf("%w: Eviction: bands %d must be in [1, %d]", ErrInvalidConfig, bands, MaxBands)
 	case source == nil:
 		return nil, fmt.Errorf("%w: Eviction: Source is nil", ErrInvalidConfig)
+	case cfg.KVUsage == nil:
+		return nil, fmt.Errorf("%w: Eviction.KVUsage is nil: eviction frees KV cache and must know where it is full", ErrInvalidConfig)
+	case !(cfg.KVThreshold >= 0 && cfg.KVThreshold <= 1):
+		return nil, fmt.Errorf("%w: Eviction.KVThreshold %v must be in [0, 1]", ErrInvalidConfig, cfg.KVThreshold)
 	case cfg.Threshold < 0 || math.IsNaN(cfg.Threshold) || math.IsInf(cfg.Threshold, 0):
 		return nil, fmt.Errorf("%w: Eviction.Threshold %v must be finite and >= 0", ErrInvalidConfig, cfg.Threshold)
 	case cfg.Stall < 0:
@@ -192,6 +216,9 @@ func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held fun
 	}
 	if cfg.Threshold == 0 {
 		cfg.Threshold = DefaultEvictionThreshold
+	}
+	if cfg.KVThreshold == 0 {
+		cfg.KVThreshold = DefaultEvictionKVThreshold
 	}
 	if cfg.Stall == 0 {
 		cfg.Stall = DefaultEvictionStall
@@ -222,16 +249,18 @@ func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held fun
 }
 
 // Config returns the configuration with defaults applied.
+
+// Config returns the configuration with defaults applied.
 func (e *Evictor) Config() EvictionConfig { return e.cfg }
 
 // Track records a request of band released to endpoint ("" for a host that
 // does not know endpoints: one pool). act cancels it at its server; the
 // evictor calls it at most once per Track or Again, and then waits for the
 // request's Done as the server's confirmation. act must not block; it runs
-// outside the evictor's lock, so it may call Done. A band outside [0, bands) is tracked as the least
-// critical band.
+// outside the evictor's lock, so it may call Done. A band outside
+// [0, bands) is tracked as the least critical band.
 func (e *Evictor) Track(band int, endpoint string, act func()) *Tracked {
-	t := &Tracked{e: e, band: min(max(band, 0), e.setup.bands-1), idx: -1}
+	t := &Tracked{e: e, band: min(max(band, 0), e.setup.bands-1), idx: -1, widx: -1}
 	t.Again(endpoint, act)
 	return t
 }
@@ -241,21 +270,53 @@ func (e *Evictor) Track(band int, endpoint string, act func()) *Tracked {
 func (t *Tracked) Again(endpoint string, act func()) {
 	e := t.e
 	e.mu.Lock()
+	wake := false
 	if t.idx < 0 {
 		e.seq++
-		t.endpoint, t.act, t.at, t.seq = endpoint, act, e.setup.now(), e.seq
+		t.act, t.at, t.seq = act, e.setup.now(), e.seq
 		t.started, t.evicting = false, false
-		t.idx = len(e.live)
-		e.live = append(e.live, t)
+		t.ep = e.endpoint(endpoint)
+		t.idx = len(t.ep.live)
+		t.ep.live = append(t.ep.live, t)
+		e.tracked++
+		if t.band < e.setup.bands-1 {
+			t.widx = len(e.watch)
+			e.watch = append(e.watch, t)
+			// Run needs to hear of it only if it would sleep past its
+			// stall deadline: under load every Track would otherwise
+			// cost it a wake-up and a scan.
+			wake = e.wakeAt.IsZero() || e.wakeAt.After(t.at.Add(e.cfg.Stall))
+		}
 	}
-	// Run needs to hear of it only if it would sleep past the new stall
-	// deadline: under load every Track would otherwise cost it a wake-up
-	// and a scan.
-	wake := e.wakeAt.IsZero() || e.wakeAt.After(t.at.Add(e.cfg.Stall))
 	e.mu.Unlock()
 	if wake {
 		e.nudge()
 	}
+}
+
+// endpoint returns name's state, created on first use. Under mu.
+func (e *Evictor) endpoint(name string) *endpointState {
+	st := e.eps[name]
+	if st == nil {
+		st = &endpointState{name: name}
+		e.eps[name] = st
+		i, _ := slices.BinarySearchFunc(e.order, name, func(s *endpointState, n string) int { return strings.Compare(s.name, n) })
+		e.order = slices.Insert(e.order, i, st)
+	}
+	return st
+}
+
+// unwatch removes t from the watch list. Under mu.
+func (e *Evictor) unwatch(t *Tracked) {
+	if t.widx < 0 {
+		return
+	}
+	last := len(e.watch) - 1
+	e.watch[t.widx] = e.watch[last]
+	e.watch[t.widx].widx = t.widx
+	e.watch[last] = nil
+	e.watch = e.watch[:last]
+	t.widx = -1
 }
 
 // Start records the request's first byte to its client: it is no longer
@@ -263,6 +324,7 @@ func (t *Tracked) Again(endpoint string, act func()) {
 func (t *Tracked) Start() {
 	t.e.mu.Lock()
 	t.started = true
+	t.e.unwatch(t)
 	t.e.mu.Unlock()
 }
 
@@ -274,17 +336,19 @@ func (t *Tracked) Done() (evicted bool) {
 	e := t.e
 	e.mu.Lock()
 	if t.idx >= 0 {
-		last := len(e.live) - 1
-		e.live[t.idx] = e.live[last]
-		e.live[t.idx].idx = t.idx
-		e.live[last] = nil
-		e.live = e.live[:last]
+		st := t.ep
+		last := len(st.live) - 1
+		st.live[t.idx] = st.live[last]
+		st.live[t.idx].idx = t.idx
+		st.live[last] = nil
+		st.live = st.live[:last]
 		t.idx = -1
+		e.tracked--
+		e.unwatch(t)
 		if t.evicting {
 			evicted = true
 			t.evicting = false
 			until := e.setup.now().Add(e.cfg.Grace)
-			st := e.eps[t.endpoint]
 			st.evicting--
 			st.until = until
 			if t.forPool {
@@ -331,67 +395,69 @@ func before(a, b *Tracked) bool {
 // Check applies the rule (see Evictor) once, at the clock's now, calls the
 // act of every request it takes, and returns how many it took.
 func (e *Evictor) Check() int {
-	s := Sanitize(e.setup.source.Saturation())
-	if s < e.cfg.Threshold {
-		return 0
-	}
 	held := e.setup.held()
+	if held >= e.setup.bands-1 || held >= 0 && Sanitize(e.setup.source.Saturation()) < e.cfg.Threshold {
+		held = -1 // nothing below it, or the pool has room
+	}
 	e.mu.Lock()
 	now := e.setup.now()
 	stall := now.Add(-e.cfg.Stall)
-	// The most critical held band per endpoint: a tracked request without
-	// its first byte for Stall.
-	demand := e.demand[:0]
-	for _, t := range e.live {
-		if t.started || t.evicting || t.band >= e.setup.bands-1 || t.at.After(stall) {
+	for _, st := range e.order {
+		st.held = -1
+	}
+	// The most critical band held per endpoint: a watched request without
+	// its first byte for Stall; and the newest such release of that band.
+	for _, t := range e.watch {
+		if t.evicting || t.at.After(stall) {
 			continue
 		}
-		i := slices.IndexFunc(demand, func(d heldOn) bool { return d.endpoint == t.endpoint })
-		if i < 0 {
-			demand = append(demand, heldOn{t.endpoint, t.band})
-		} else {
-			demand[i].band = min(demand[i].band, t.band)
+		st := t.ep
+		if st.held < 0 || t.band < st.held || t.band == st.held && t.seq > st.heldSeq {
+			st.held, st.heldSeq = t.band, t.seq
 		}
 	}
-	// Endpoints in a fixed order, so a host on virtual time replays the
-	// same acts in the same order.
-	slices.SortFunc(demand, func(a, b heldOn) int { return strings.Compare(a.endpoint, b.endpoint) })
-	e.demand = demand
 	victims := e.pending[:0]
-	for _, d := range demand {
-		ep, h := d.endpoint, d.band
-		st := e.eps[ep]
-		if st == nil {
-			st = &endpointState{}
-			e.eps[ep] = st
-		}
-		if st.busy(now, e.cfg.ConfirmTimeout) {
+	for _, st := range e.order {
+		if st.held < 0 || st.busy(now, e.cfg.ConfirmTimeout) {
 			continue
 		}
+		if kv := e.cfg.KVUsage(st.name); !(kv >= e.cfg.KVThreshold) {
+			continue // not full (or unknown): the held request waits for compute
+		}
 		var best *Tracked
-		for _, v := range e.live {
-			if v.endpoint == ep && e.victim(v, h) && (best == nil || before(v, best)) {
+		for _, v := range st.live {
+			if v.seq < st.heldSeq && e.victim(v, st.held) && (best == nil || before(v, best)) {
 				best = v
 			}
 		}
 		if best != nil {
-			e.take(best, false)
+			e.take(best, false, now)
 			victims = append(victims, best)
+			// The requests held there wait another Stall before they
+			// call for another victim: one eviction may be all they
+			// need, and a request waiting for compute rather than
+			// memory would otherwise take a victim every Grace.
+			for _, t := range e.watch {
+				if t.ep == st && t.band < best.band && !t.at.After(stall) {
+					t.at = now
+				}
+			}
 		}
 	}
-	if held >= 0 && held < e.setup.bands-1 && !e.pool.busy(now, e.cfg.ConfirmTimeout) {
+	if held >= 0 && !e.pool.busy(now, e.cfg.ConfirmTimeout) {
 		var best *Tracked
-		for _, v := range e.live {
-			if !e.victim(v, held) || (best != nil && !before(v, best)) {
-				continue
+		for _, st := range e.order {
+			if st.busy(now, e.cfg.ConfirmTimeout) {
+				continue // already giving way
 			}
-			if st := e.eps[v.endpoint]; st != nil && st.busy(now, e.cfg.ConfirmTimeout) {
-				continue // its endpoint is already giving way
+			for _, v := range st.live {
+				if e.victim(v, held) && (best == nil || before(v, best)) {
+					best = v
+				}
 			}
-			best = v
 		}
 		if best != nil {
-			e.take(best, true)
+			e.take(best, true, now)
 			victims = append(victims, best)
 		}
 	}
@@ -407,15 +473,9 @@ func (e *Evictor) Check() int {
 
 // take marks v evicted, in flight on its endpoint (and for the gateway's
 // queue, if forPool). Under mu.
-func (e *Evictor) take(v *Tracked, forPool bool) {
-	st := e.eps[v.endpoint]
-	if st == nil {
-		st = &endpointState{}
-		e.eps[v.endpoint] = st
-	}
-	now := e.setup.now()
-	st.evicting++
-	st.actAt = now
+func (e *Evictor) take(v *Tracked, forPool bool, now time.Time) {
+	v.ep.evicting++
+	v.ep.actAt = now
 	if forPool {
 		e.pool.evicting++
 		e.pool.actAt = now
@@ -430,8 +490,8 @@ func (e *Evictor) take(v *Tracked, forPool bool) {
 
 // Next returns the earliest instant after which Check may decide
 // differently with the saturation unchanged (a tracked request's stall
-// deadline, an endpoint's grace end), or the zero time if nothing is
-// pending.
+// deadline, an endpoint's grace end or confirmation deadline), or the zero
+// time if nothing is pending.
 func (e *Evictor) Next() time.Time {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -442,20 +502,22 @@ func (e *Evictor) Next() time.Time {
 		}
 	}
 	now := e.setup.now()
-	for _, t := range e.live {
-		if !t.started && !t.evicting && t.band < e.setup.bands-1 {
-			if d := t.at.Add(e.cfg.Stall); d.After(now) {
-				earlier(d)
-			}
+	for _, t := range e.watch {
+		if d := t.at.Add(e.cfg.Stall); !t.evicting && d.After(now) {
+			earlier(d)
 		}
 	}
-	for _, st := range slices.AppendSeq([]*endpointState{&e.pool}, maps.Values(e.eps)) {
+	pace := func(st *endpointState) {
 		if st.until.After(now) {
 			earlier(st.until)
 		}
 		if d := st.actAt.Add(e.cfg.ConfirmTimeout); st.evicting > 0 && d.After(now) {
 			earlier(d)
 		}
+	}
+	pace(&e.pool)
+	for _, st := range e.order {
+		pace(st)
 	}
 	return next
 }
@@ -469,8 +531,8 @@ func (e *Evictor) holding() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	stall := e.setup.now().Add(-e.cfg.Stall)
-	for _, t := range e.live {
-		if !t.started && !t.evicting && t.band < e.setup.bands-1 && !t.at.After(stall) {
+	for _, t := range e.watch {
+		if !t.evicting && !t.at.After(stall) {
 			return true
 		}
 	}
@@ -478,10 +540,11 @@ func (e *Evictor) holding() bool {
 }
 
 // Run checks on the real clock until ctx ends (it returns ctx.Err()): at
-// each stall deadline and grace end (Next), after every Track and confirmed
-// eviction, and every 10 ms while a request is held but the saturation is
-// below the threshold. A Controller with eviction enabled runs it beside
-// its dispatcher; a host that steps its own clock calls Check instead.
+// each stall deadline and grace end (Next), after every confirmed eviction
+// and every Track that Run would otherwise sleep past, and every 10 ms
+// while a request is held but the saturation is below the threshold. A
+// Controller with eviction enabled runs it beside its dispatcher; a host
+// that steps its own clock calls Check instead.
 func (e *Evictor) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -535,9 +598,9 @@ type EvictionStats struct {
 func (e *Evictor) Stats() EvictionStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := EvictionStats{Tracked: len(e.live),
+	st := EvictionStats{Tracked: e.tracked,
 		Evicted: append([]uint64(nil), e.evicted...), Immune: append([]uint64(nil), e.immune...)}
-	for _, s := range e.eps {
+	for _, s := range e.order {
 		st.Evicting += s.evicting
 	}
 	return st

@@ -20,7 +20,7 @@ func BenchmarkEvictor(b *testing.B) {
 	}
 	setup := func(b *testing.B) *flowcontrol.Evictor {
 		now := time.Unix(0, 0)
-		ev, err := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{}, 3, saturationOf(1), nil,
+		ev, err := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{KVUsage: fullKV}, 3, saturationOf(1), nil,
 			func() time.Time { return now })
 		if err != nil {
 			b.Fatal(err)

@@ -48,7 +48,9 @@ func TestEvictionStateMachine(t *testing.T) {
 		const bands = 3
 		clock := newFakeClock()
 		sat := newSat(0)
+		kv := map[string]float64{}
 		cfg := flowcontrol.EvictionConfig{Stall: 10 * time.Millisecond, Grace: 20 * time.Millisecond, MaxEvictions: 2,
+			KVUsage:        func(ep string) float64 { return kv[ep] },
 			ConfirmTimeout: time.Hour}
 		items := treemap.New[int, *smItem]()
 		var d *flowcontrol.Dispatcher[int]
@@ -166,11 +168,15 @@ func TestEvictionStateMachine(t *testing.T) {
 				d.Step()
 				clock.Advance(cfg.Stall)
 				sat.Set(1.4)
+				kv["pod-0"], kv["pod-1"] = 1, 1
 				d.Step()
 				ev.Check()
 			},
 			"saturation": func(t *rapid.T) { sat.Set(rapid.SampledFrom([]float64{0, 0.5, 0.95, 1, 1.4}).Draw(t, "s")) },
-			"start":      func(t *rapid.T) { it := pick("start", smInFlight); it.started = true; it.tracked.Start() },
+			"kv": func(t *rapid.T) {
+				kv[rapid.SampledFrom([]string{"pod-0", "pod-1"}).Draw(t, "pod")] = rapid.SampledFrom([]float64{0, 0.5, 0.9, 1}).Draw(t, "kv")
+			},
+			"start": func(t *rapid.T) { it := pick("start", smInFlight); it.started = true; it.tracked.Start() },
 			"finish": func(t *rapid.T) {
 				it := pick("finish", smInFlight)
 				if it.tracked.Done() {

@@ -3,6 +3,7 @@ package flowcontrol_test
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -38,7 +39,8 @@ func better(a, b *trackedReq) int {
 // victimOrderProperty tracks a random set of released requests on random
 // endpoints and checks that one Check takes exactly the model's victims: on
 // every endpoint holding a stalled request, the best victim of a less
-// critical band (gods' ordered set is the oracle); for a band held at the
+// critical band released there before the newest stalled request of the
+// most critical stalled band (gods' ordered set is the oracle); for a band held at the
 // gateway, the best victim anywhere whose endpoint is not giving way
 // already. Started requests are victims only with Started.
 func victimOrderProperty(t *rapid.T) {
@@ -49,7 +51,12 @@ func victimOrderProperty(t *rapid.T) {
 	clock := newFakeClock()
 	sat := newSat(rapid.Float64Range(0, 2).Draw(t, "sat"))
 	held := rapid.IntRange(-1, bands-1).Draw(t, "held")
-	cfg := flowcontrol.EvictionConfig{Stall: 100 * time.Millisecond, Started: startedOK}
+	kv := map[string]float64{}
+	for _, ep := range eps {
+		kv[ep] = rapid.SampledFrom([]float64{0.5, 0.89, 0.9, 1, math.NaN()}).Draw(t, "kv")
+	}
+	cfg := flowcontrol.EvictionConfig{Stall: 100 * time.Millisecond, Started: startedOK,
+		KVUsage: func(ep string) float64 { return kv[ep] }}
 	var acts []int
 	ev, err := flowcontrol.NewEvictor(cfg, bands, sat, func() int { return held }, clock.Now)
 	require.NoError(t, err)
@@ -80,14 +87,22 @@ func victimOrderProperty(t *rapid.T) {
 	got := ev.Check()
 
 	var want []int
-	if sat.Saturation() >= flowcontrol.DefaultEvictionThreshold {
+	{
 		busy := map[string]bool{}
 		for _, ep := range eps {
-			// The most critical stalled band on ep.
-			h := -1
+			if !(kv[ep] >= flowcontrol.DefaultEvictionKVThreshold) {
+				continue // not full: a held request waits for compute
+			}
+			// The most critical stalled band on ep, and its newest
+			// stalled request: victims were released before it.
+			h, last := -1, -1
 			for _, r := range reqs {
-				if r.endpoint == ep && !r.started && r.band < bands-1 && now-r.at >= cfg.Stall && (h < 0 || r.band < h) {
-					h = r.band
+				if r.endpoint == ep && !r.started && r.band < bands-1 && now-r.at >= cfg.Stall {
+					if h < 0 || r.band < h {
+						h, last = r.band, r.id
+					} else if r.band == h {
+						last = max(last, r.id)
+					}
 				}
 			}
 			if h < 0 {
@@ -95,7 +110,7 @@ func victimOrderProperty(t *rapid.T) {
 			}
 			cands := treeset.NewWith(better)
 			for _, r := range reqs {
-				if r.endpoint == ep && r.band > h && (!r.started || startedOK) {
+				if r.endpoint == ep && r.id < last && r.band > h && (!r.started || startedOK) {
 					cands.Add(r)
 				}
 			}
@@ -104,7 +119,7 @@ func victimOrderProperty(t *rapid.T) {
 				busy[ep] = true
 			}
 		}
-		if held >= 0 && held < bands-1 {
+		if held >= 0 && held < bands-1 && sat.Saturation() >= flowcontrol.DefaultEvictionThreshold {
 			cands := treeset.NewWith(better)
 			for _, r := range reqs {
 				if r.band > held && (!r.started || startedOK) && !busy[r.endpoint] && !slices.Contains(want, r.id) {
@@ -156,21 +171,27 @@ func TestEvictorConfigErrors(t *testing.T) {
 	}{
 		"bands":          {bands: 0, src: sat},
 		"Source":         {bands: 2},
-		"Threshold":      {cfg: flowcontrol.EvictionConfig{Threshold: -1}, bands: 2, src: sat},
-		"Stall":          {cfg: flowcontrol.EvictionConfig{Stall: -1}, bands: 2, src: sat},
-		"Grace":          {cfg: flowcontrol.EvictionConfig{Grace: -1}, bands: 2, src: sat},
-		"MaxEvictions":   {cfg: flowcontrol.EvictionConfig{MaxEvictions: -1}, bands: 2, src: sat},
-		"ConfirmTimeout": {cfg: flowcontrol.EvictionConfig{ConfirmTimeout: -1}, bands: 2, src: sat},
+		"KVUsage":        {bands: 2, src: sat},
+		"KVThreshold":    {cfg: flowcontrol.EvictionConfig{KVUsage: fullKV, KVThreshold: 1.5}, bands: 2, src: sat},
+		"Threshold":      {cfg: flowcontrol.EvictionConfig{KVUsage: fullKV, Threshold: -1}, bands: 2, src: sat},
+		"Stall":          {cfg: flowcontrol.EvictionConfig{KVUsage: fullKV, Stall: -1}, bands: 2, src: sat},
+		"Grace":          {cfg: flowcontrol.EvictionConfig{KVUsage: fullKV, Grace: -1}, bands: 2, src: sat},
+		"MaxEvictions":   {cfg: flowcontrol.EvictionConfig{KVUsage: fullKV, MaxEvictions: -1}, bands: 2, src: sat},
+		"ConfirmTimeout": {cfg: flowcontrol.EvictionConfig{KVUsage: fullKV, ConfirmTimeout: -1}, bands: 2, src: sat},
 	} {
 		_, err := flowcontrol.NewEvictor(tc.cfg, tc.bands, tc.src, nil, nil)
 		require.ErrorIs(t, err, flowcontrol.ErrInvalidConfig, name)
 		assert.Contains(t, err.Error(), name)
 	}
-	ev, err := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{}, 2, sat, nil, nil)
+	ev, err := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{KVUsage: fullKV}, 2, sat, nil, nil)
 	require.NoError(t, err)
+	cfg := ev.Config()
+	assert.NotNil(t, cfg.KVUsage)
+	cfg.KVUsage = nil
 	assert.Equal(t, flowcontrol.EvictionConfig{Threshold: flowcontrol.DefaultEvictionThreshold,
-		Stall: flowcontrol.DefaultEvictionStall, Grace: flowcontrol.DefaultEvictionGrace,
-		MaxEvictions: flowcontrol.DefaultMaxEvictions, ConfirmTimeout: flowcontrol.DefaultEvictionConfirmTimeout}, ev.Config())
+		KVThreshold: flowcontrol.DefaultEvictionKVThreshold,
+		Stall:       flowcontrol.DefaultEvictionStall, Grace: flowcontrol.DefaultEvictionGrace,
+		MaxEvictions: flowcontrol.DefaultMaxEvictions, ConfirmTimeout: flowcontrol.DefaultEvictionConfirmTimeout}, cfg)
 }
 
 // TestEvictorPacing: one eviction in flight per endpoint, the next only
@@ -179,7 +200,9 @@ func TestEvictorConfigErrors(t *testing.T) {
 func TestEvictorPacing(t *testing.T) {
 	clock := newFakeClock()
 	sat := newSat(1)
-	cfg := flowcontrol.EvictionConfig{Stall: 10 * time.Millisecond, Grace: 50 * time.Millisecond, MaxEvictions: 1}
+	kv := 1.0
+	cfg := flowcontrol.EvictionConfig{Stall: 10 * time.Millisecond, Grace: 50 * time.Millisecond, MaxEvictions: 1,
+		KVUsage: func(string) float64 { return kv }}
 	ev, err := flowcontrol.NewEvictor(cfg, 2, sat, nil, clock.Now)
 	require.NoError(t, err)
 	var taken []string
@@ -206,16 +229,16 @@ func TestEvictorPacing(t *testing.T) {
 	clock.Advance(1)
 	young.Again("pod", func() { taken = append(taken, "young again") })
 	assert.Equal(t, 1, ev.Check())
-	assert.Equal(t, []string{"young", "old"}, taken, "young is immune after MaxEvictions 1")
+	assert.Equal(t, []string{"young", "old"}, taken, "young is immune after MaxEvictions 1 (and released after the held request now)")
 	st := ev.Stats()
 	assert.Equal(t, []uint64{0, 2}, st.Evicted)
 	assert.Equal(t, []uint64{0, 2}, st.Immune)
-	sat.Set(0.99)
+	kv = 0.89
 	require.True(t, old.Done())
 	clock.Advance(time.Second)
-	assert.Zero(t, ev.Check(), "below the threshold nothing is taken")
+	assert.Zero(t, ev.Check(), "below the KV threshold nothing is taken")
 	crit.Start()
-	sat.Set(1)
+	kv = 1
 	assert.Zero(t, ev.Check(), "a started request is not held")
 	assert.False(t, crit.Done())
 	assert.False(t, young.Done())
@@ -226,7 +249,7 @@ func TestEvictorPacing(t *testing.T) {
 // stream) holds its endpoint for ConfirmTimeout, not for ever.
 func TestEvictorConfirmTimeout(t *testing.T) {
 	clock := newFakeClock()
-	cfg := flowcontrol.EvictionConfig{ConfirmTimeout: time.Second}
+	cfg := flowcontrol.EvictionConfig{ConfirmTimeout: time.Second, KVUsage: fullKV}
 	ev, err := flowcontrol.NewEvictor(cfg, 2, newSat(1), nil, clock.Now)
 	require.NoError(t, err)
 	var taken []string
@@ -237,8 +260,11 @@ func TestEvictorConfirmTimeout(t *testing.T) {
 	ev.Track(0, "pod", func() {})
 	clock.Advance(flowcontrol.DefaultEvictionStall)
 	assert.Equal(t, 1, ev.Check())
-	assert.Equal(t, clock.Now().Add(time.Second), ev.Next(), "the confirmation's deadline")
-	clock.Advance(time.Second - 1)
+	assert.Equal(t, clock.Now().Add(flowcontrol.DefaultEvictionStall), ev.Next(), "the held request calls again a Stall later")
+	clock.Advance(flowcontrol.DefaultEvictionStall)
+	assert.Zero(t, ev.Check(), "its endpoint waits for the confirmation")
+	assert.Equal(t, clock.Now().Add(time.Second-flowcontrol.DefaultEvictionStall), ev.Next(), "the confirmation's deadline")
+	clock.Advance(time.Second - flowcontrol.DefaultEvictionStall - 1)
 	assert.Zero(t, ev.Check())
 	clock.Advance(1)
 	assert.Equal(t, 1, ev.Check())
@@ -274,7 +300,7 @@ func TestDispatcherHeld(t *testing.T) {
 func ExampleEvictor() {
 	// A host that drives its own clock: a simulator, or a test.
 	now := time.Unix(0, 0)
-	ev, _ := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{}, 2, saturationOf(1), nil,
+	ev, _ := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{KVUsage: func(string) float64 { return 0.97 }}, 2, saturationOf(1), nil,
 		func() time.Time { return now })
 	batch := ev.Track(1, "pod-a", func() { fmt.Println("cancel the batch request") })
 	ev.Track(0, "pod-a", func() {}) // critical, waiting for its first token
@@ -287,6 +313,9 @@ func ExampleEvictor() {
 	// cancel the batch request
 	// evicted: true
 }
+
+// fullKV reads every endpoint's KV cache full.
+func fullKV(string) float64 { return 1 }
 
 type saturationOf float64
 

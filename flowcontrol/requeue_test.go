@@ -120,7 +120,7 @@ func TestControllerEvictsAndRequeues(t *testing.T) {
 		sat := newSat(0)
 		c, err := flowcontrol.NewController(flowcontrol.ControllerConfig{
 			Config:   flowcontrol.Config{Bands: bandsOf(2, 4), Policy: flowcontrol.NewStatic(1), Source: sat},
-			Eviction: flowcontrol.EvictionConfig{Enabled: true},
+			Eviction: flowcontrol.EvictionConfig{Enabled: true, KVUsage: fullKV},
 		})
 		require.NoError(t, err)
 		ev := c.Evictor()

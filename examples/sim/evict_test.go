@@ -16,12 +16,12 @@ import (
 // and only the eviction rows evict.
 func TestEvictFlags(t *testing.T) {
 	o, err := parseFlags([]string{"-sheddable-stream", "-critical-stream=false", "-evict-started", "-evict-threshold", "1.1",
-		"-evict-stall", "150ms", "-evict-grace", "1s", "-evict-max", "3", "-evict-on-kv", "-evict-rows", "soft-reflective"}, nil)
+		"-evict-stall", "150ms", "-evict-grace", "1s", "-evict-max", "3", "-evict-kv", "0.95", "-evict-rows", "soft-reflective"}, nil)
 	require.NoError(t, err)
 	c := o.config(workload.Codegen, 16, cluster.SoftReflective, 1)
 	require.True(t, c.SheddableStream)
 	require.True(t, c.CriticalNoStream)
-	require.True(t, c.EvictOnKV)
+	require.Equal(t, 0.95, c.Eviction.KVThreshold)
 	require.True(t, c.Eviction.Started)
 	require.Equal(t, 1.1, c.Eviction.Threshold)
 	require.Equal(t, 150*time.Millisecond, c.Eviction.Stall)
@@ -41,7 +41,7 @@ func TestEvictFlags(t *testing.T) {
 // not.
 func TestEvictJSON(t *testing.T) {
 	out := runArgs(t, "-workload", "codegen", "-qps", "24", "-duration", "20s", "-format", "json", "-quiet", "-seeds", "1",
-		"-policy", "soft-reflective", "-floor=false")
+		"-policy", "soft-reflective", "-floor=false", "-evict-kv", "0.5")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2)
 	for i, l := range lines {
@@ -53,7 +53,7 @@ func TestEvictJSON(t *testing.T) {
 		}
 		require.Equal(t, true, m["evict"])
 		require.Contains(t, m, "evictions")
-		require.Greater(t, m["evictions"], 0.0, "codegen@24 overloads: the default eviction fires")
+		require.Greater(t, m["evictions"], 0.0, "codegen@24 overloads: from half the KV cache, eviction fires")
 		require.Contains(t, m, "wasted_share")
 	}
 }

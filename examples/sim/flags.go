@@ -72,7 +72,6 @@ type options struct {
 
 	evictRows    []string // policies also run with eviction, as rows "<policy>+evict"
 	eviction     flowcontrol.EvictionConfig
-	evictKV      bool // -evict-on-kv
 	shedStream   bool // -sheddable-stream
 	critNoStream bool // -critical-stream=false
 }
@@ -113,10 +112,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.shedStream, "sheddable-stream", false, "sheddable clients stream: their response starts at the first token, and a started response is no eviction victim unless -evict-started (default: sheddable calls without stream, its response starts when it completes)")
 	critStream := fs.Bool("critical-stream", true, "critical clients stream (a critical request without its first token for -evict-stall is held)")
 	fs.BoolVar(&o.eviction.Started, "evict-started", false, "eviction may take started streams too; they end as failed (EvictionConfig.Started)")
-	fs.Float64Var(&o.eviction.Threshold, "evict-threshold", 0, "eviction acts at and above this saturation (0 = flowcontrol.DefaultEvictionThreshold)")
+	fs.Float64Var(&o.eviction.Threshold, "evict-threshold", 0, "eviction gives way to a band held at the gateway at and above this saturation (0 = flowcontrol.DefaultEvictionThreshold)")
 	fs.DurationVar(&o.eviction.Stall, "evict-stall", 0, "a request without its first byte this long is held (0 = flowcontrol.DefaultEvictionStall)")
 	fs.DurationVar(&o.eviction.Grace, "evict-grace", 0, "pause after a confirmed eviction before the next on the same replica (0 = the larger of flowcontrol.DefaultEvictionGrace and -scrape)")
-	fs.BoolVar(&o.evictKV, "evict-on-kv", false, "eviction reads the pool's KV-cache pressure alone (mean KV usage / -kv-threshold), not the gate's saturation")
+	fs.Float64Var(&o.eviction.KVThreshold, "evict-kv", 0, "a replica gives way to a request held there only at this KV-cache usage or above (0 = flowcontrol.DefaultEvictionKVThreshold)")
 	fs.IntVar(&o.eviction.MaxEvictions, "evict-max", 0, "evictions of one request before it is immune (0 = flowcontrol.DefaultMaxEvictions)")
 	projection := fs.String("kv-projection", DefaultProjection.String(), "flowgate's saturation: how KV usage is anticipated: none, completion or steady (saturation.Scorer.Projection)")
 	fs.Float64Var(&o.promptTok, "prompt-tokens", DefaultPromptTokens, "flowgate's saturation: prompt tokens waiting on a replica that alone saturate it (saturation.Scorer.PromptTokenThreshold; 0 = off)")
@@ -312,6 +311,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-llmd-ttl must be >= 0")
 	case !(o.eviction.Threshold >= 0) || math.IsInf(o.eviction.Threshold, 1):
 		return o, errors.New("-evict-threshold must be finite and >= 0")
+	case !(o.eviction.KVThreshold >= 0 && o.eviction.KVThreshold <= 1):
+		return o, errors.New("-evict-kv must be in [0, 1]")
 	case o.eviction.Stall < 0 || o.eviction.Grace < 0 || o.eviction.MaxEvictions < 0:
 		return o, errors.New("-evict-stall, -evict-grace and -evict-max must be >= 0")
 	}
@@ -417,6 +418,6 @@ func (o options) config(w workload.Workload, qps float64, policy string, seed ui
 		Tenants: o.tenants, LongShort: o.longShort, Fairness: o.fairness, TenantBAlone: o.bAlone,
 		Credit: o.credit, PlainController: o.plain, QueueThreshold: qthr, KVThreshold: o.kvthr, Projection: o.projection, PromptTokens: o.promptTok, MaxOverReplicas: o.maxReplicas, Scrape: o.scrape, CV: o.cv, Replica: rc,
 		ClientTimeout: o.timeout, BackendPriority: o.backendPrio, LLMDTTL: o.llmdTTL,
-		Holdback: o.holdback, Eviction: o.eviction, EvictOnKV: o.evictKV, SheddableStream: o.shedStream, CriticalNoStream: o.critNoStream,
+		Holdback: o.holdback, Eviction: o.eviction, SheddableStream: o.shedStream, CriticalNoStream: o.critNoStream,
 	}
 }

@@ -240,12 +240,6 @@ type Config struct {
 	// Grace, which is at least Scrape (the freed capacity shows in the
 	// saturation one scrape later). Enabled is ignored (Evict is the switch).
 	Eviction flowcontrol.EvictionConfig
-	// EvictOnKV gives the evictors the pool's KV-cache pressure alone (the mean
-	// over replicas of vllm:kv_cache_usage_perc / KVThreshold, a stale reading
-	// 1, as saturation.Scorer scores KV) instead of the gateway's saturation: a
-	// critical request held while the caches have room waits for compute, which
-	// no eviction frees.
-	EvictOnKV bool
 	// SheddableStream makes sheddable clients stream (their response starts at
 	// the first token); CriticalNoStream makes critical clients not stream (it
 	// starts when the request completes, the whole body at once). The default:

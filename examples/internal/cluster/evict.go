@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/flowgate/flowgate/examples/internal/vllm"
-	"github.com/flowgate/flowgate/saturation"
 )
 
 // Eviction in the event loop (Config.Evict). Each gateway has its own
@@ -119,20 +118,4 @@ func (s *sim) evict(id int32) {
 	g.maxQueued = max(g.maxQueued, g.queued[0]+g.queued[1])
 	g.d.Flush() // Run polls at once after a Requeue, as after an Enqueue
 	s.schedule(g, q.gw)
-}
-
-// kvSource is the KV-cache pressure of gateway g's last readings
-// (Config.EvictOnKV): saturation.Scorer's pool score with the queue term off.
-type kvSource struct {
-	s *sim
-	g *gateway
-}
-
-// evictQueueOff is a queue-depth threshold no waiting count reaches: the
-// queue term of the score is nil.
-const evictQueueOff = 1e12
-
-func (k kvSource) Saturation() float64 {
-	sc := saturation.Scorer{QueueDepthThreshold: evictQueueOff, KVUtilThreshold: k.s.cfg.KVThreshold}
-	return sc.Pool(k.g.readings, k.s.nowTime())
 }

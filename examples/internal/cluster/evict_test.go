@@ -17,6 +17,11 @@ import (
 func evictShort(policy string) Config {
 	c := short(workload.Codegen, 24, policy)
 	c.Evict = true
+	// A replica gives way from half its KV cache: not a setting to
+	// ship (at the default, 0.9, codegen's held requests wait for
+	// compute and nothing is taken), but one under which a short run
+	// evicts often enough to test the mechanics.
+	c.Eviction.KVThreshold = 0.5
 	return c
 }
 

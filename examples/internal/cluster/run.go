@@ -355,11 +355,17 @@ func run(cfg Config) (*sim, error) {
 			if gw.d != nil {
 				held = gw.d.Held
 			}
-			var src flowcontrol.SaturationSource = source{s, gw}
-			if cfg.EvictOnKV {
-				src = kvSource{s, gw}
+			ecfg := cfg.Eviction
+			// A replica's KV-cache usage as the gateway last scraped it
+			// (the endpoints are replica indices).
+			ecfg.KVUsage = func(ep string) float64 {
+				r, err := strconv.Atoi(ep)
+				if err != nil || r < 0 || r >= len(gw.readings) {
+					return math.NaN()
+				}
+				return gw.readings[r].KVUsage
 			}
-			ev, err := flowcontrol.NewEvictor(cfg.Eviction, bands, src, held, s.nowTime)
+			ev, err := flowcontrol.NewEvictor(ecfg, bands, source{s, gw}, held, s.nowTime)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 			}
