@@ -375,6 +375,21 @@ func (p *Poller) InFlight(endpoint string) int64 {
 	return 0
 }
 
+// KVUsage returns endpoint's KV-cache usage (vllm:kv_cache_usage_perc,
+// 0 to 1) from its last reading, or NaN when the poller does not know the
+// endpoint or its pod is not Usable (never scraped, failing, stale): an
+// evictor must not take work back from a server on a reading it cannot
+// trust. It takes the poller's lock.
+func (p *Poller) KVUsage(endpoint string) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pd := p.pods[endpoint]
+	if pd == nil || !pd.Usable || !pd.OK {
+		return math.NaN()
+	}
+	return pd.KVUsage
+}
+
 // Unbalanced counts Finished calls that found no request in flight on their
 // endpoint, and Dispatched calls beyond 2^24 − 1 requests in flight to one
 // endpoint; both were ignored. Non-zero means the host's bookkeeping is

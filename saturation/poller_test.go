@@ -78,8 +78,10 @@ func TestPollerGenuineVLLM(t *testing.T) {
 	p := newTestPoller(t, PollerConfig{Endpoints: []string{a, b}, Now: clk.Now,
 		Timeout: scaleTimeout, Scorer: Scorer{Staleness: 2 * scaleTimeout}})
 	assert.Equal(t, 1.0, p.Saturation(), "1 before the first poll")
+	assert.True(t, math.IsNaN(p.KVUsage(a)), "no KV usage before the first poll")
 	require.NoError(t, p.Scrape(context.Background()))
 	assert.InDelta(t, 1.25, p.Saturation(), 1e-12)
+	assert.Equal(t, 0.4, p.KVUsage(a))
 
 	rs := p.Readings()
 	require.Len(t, rs, 2)
@@ -170,6 +172,9 @@ func TestPollerBadEndpoints(t *testing.T) {
 			// The bad pod has no good reading: it scores 1, the healthy
 			// one 0, the pool their mean.
 			assert.Equal(t, 0.5, p.Saturation())
+			assert.Equal(t, 0.0, p.KVUsage(idle))
+			assert.True(t, math.IsNaN(p.KVUsage(bad)), "a pod without a usable reading: unknown")
+			assert.True(t, math.IsNaN(p.KVUsage("http://nowhere/metrics")), "an unknown endpoint: unknown")
 			rs := p.Readings()
 			assert.NoError(t, rs[0].Err)
 			assert.Error(t, rs[1].Err)
