@@ -273,9 +273,10 @@ func writeEvictSummary(b *strings.Builder, o options, ps []point, rows []string,
 	if o.eviction.Started {
 		cut = "a started stream may be cut, and ends as failed (-evict-started)"
 	}
-	para("Taking work back (eviction, flowcontrol.Evictor): a gateway takes back sheddable requests from a "+
-		"replica where a critical one has waited for its first token past the stall bound while the pool reads "+
-		"saturated, and re-queues them (without a gate: sends them again at once); %s; %s.", stream, cut)
+	para("Taking work back (eviction, flowcontrol.Evictor): a gateway takes back sheddable requests released "+
+		"to a replica before a critical one that has waited there for its first token past the stall bound, "+
+		"while that replica's KV cache is full (eviction frees memory, not compute), and re-queues them "+
+		"(without a gate: sends them again at once); %s; %s.", stream, cut)
 	b.WriteString("\n")
 	main := rows[0]
 	base := strings.TrimSuffix(main, EvictSuffix) // the row main is compared with
