@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/flowgate/flowgate/flowcontrol"
@@ -138,10 +139,8 @@ type scripted struct {
 	once         sync.Once
 }
 
-func newScripted(t testing.TB) *scripted {
-	s := &scripted{aborted: make(chan struct{}), crit: make(chan struct{})}
-	t.Cleanup(s.release) // a failed test must not leave handlers waiting
-	return s
+func newScripted() *scripted {
+	return &scripted{aborted: make(chan struct{}), crit: make(chan struct{})}
 }
 
 // release lets the critical requests answer.
@@ -174,8 +173,9 @@ func (s *scripted) serve(w http.ResponseWriter, r *http.Request) {
 // While it waits again it counts nowhere: not on its endpoint, not in the
 // controller's in-flight (the test fails if either counts it twice).
 func TestEvictionRequeuesAnUnstartedVictim(t *testing.T) {
-	s := newScripted(t)
+	s := newScripted()
 	e := newEvictEnv(t, flowhttp.GatewayConfig{}, s.serve)
+	t.Cleanup(s.release) // before the servers close: a failed test must not leave handlers waiting
 	const shedBody = `{"prompt":"a long sheddable prompt"}`
 	shed := e.goSend(context.Background(), "shed", "sheddable", shedBody)
 	waitFor(t, "the sheddable request at the pod", func() bool { return s.shedAttempts.Load() == 1 })
@@ -235,10 +235,11 @@ func TestEvictionRequeuesAnUnstartedVictim(t *testing.T) {
 // MaxWait runs out before the pool has room, it is answered 503 expired,
 // with Retry-After (the gateway, not the client, cost it its turn).
 func TestEvictionRequeuedVictimExpires(t *testing.T) {
-	s := newScripted(t)
+	s := newScripted()
 	bands := flowhttp.DefaultBands()
 	bands[1].MaxWait = 2 * time.Second
 	e := newEvictEnv(t, flowhttp.GatewayConfig{Flow: flowcontrol.Config{Bands: bands}}, s.serve)
+	t.Cleanup(s.release)
 	shed := e.goSend(context.Background(), "shed", "sheddable", `{"prompt":"x"}`)
 	waitFor(t, "the sheddable request at the pod", func() bool { return s.shedAttempts.Load() == 1 })
 	e.saturate(t)
@@ -272,7 +273,6 @@ func TestEvictionStartedStream(t *testing.T) {
 			crit, more := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			release := func() { once.Do(func() { close(crit); close(more) }) }
-			t.Cleanup(release) // a failed test must not leave handlers waiting
 			var cut atomic.Bool
 			handle := func(w http.ResponseWriter, r *http.Request) {
 				if r.Header.Get(flowhttp.ObjectiveHeader) == "critical" {
@@ -296,6 +296,7 @@ func TestEvictionStartedStream(t *testing.T) {
 				_, _ = io.WriteString(w, "data: {\"text\":\"two\"}\n\ndata: [DONE]\n\n")
 			}
 			e := newEvictEnv(t, flowhttp.GatewayConfig{Eviction: flowcontrol.EvictionConfig{Started: started}}, handle)
+			t.Cleanup(release) // before the servers close: a failed test must not leave handlers waiting
 
 			req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/completions", strings.NewReader(`{"prompt":"x","stream":true}`))
 			req.Header.Set(flowhttp.ObjectiveHeader, "sheddable")
@@ -396,4 +397,173 @@ func TestEvictionGraceAtLeastTheScrapeInterval(t *testing.T) {
 
 func pollerEvery(d time.Duration) saturation.PollerConfig {
 	return saturation.PollerConfig{Interval: d, Scorer: saturation.Scorer{Staleness: 10 * d}}
+}
+
+// Evictions, re-queues, client cancellations and completions interleaved
+// over two pods: every request ends in exactly one outcome (one OnFinish),
+// a client that got a 200 got its own whole answer, a request is re-queued
+// at most MaxEvictions times, and once every request finished nothing is
+// left counted anywhere (controller, endpoints, evictor, body memory).
+func TestEvictionExactlyOnceUnderChurn(t *testing.T) {
+	const (
+		nShed = 60
+		nCrit = 20
+	)
+	var shedDelay [nShed]time.Duration
+	for i := range shedDelay {
+		shedDelay[i] = time.Duration(i*7%40) * time.Millisecond
+	}
+	handle := func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("x-test-id")
+		if strings.HasPrefix(id, "c") {
+			select { // the server makes it wait: it is held past Stall
+			case <-time.After(30 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+			_, _ = io.WriteString(w, "answer "+id)
+			return
+		}
+		var i int
+		_, _ = fmt.Sscanf(id, "s%d", &i)
+		if i%2 == 1 {
+			// Headers first, as vLLM may send them before the first
+			// token: the request is still re-queueable.
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-time.After(shedDelay[i]):
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "answer "+id)
+	}
+	var pods []*pod
+	for range 2 {
+		pods = append(pods, newPod(t, handle))
+	}
+	results := map[string][]flowhttp.Result{}
+	var mu sync.Mutex
+	cfg := flowhttp.GatewayConfig{
+		Flow:     flowcontrol.Config{Policy: flowcontrol.NewStatic(100)}, // no gate: every band goes at once
+		Eviction: flowcontrol.EvictionConfig{Enabled: true, Stall: 5 * time.Millisecond, Grace: 5 * time.Millisecond},
+		HTTP: flowhttp.Options{TrustObjectiveHeader: true, OnFinish: func(r *http.Request, res flowhttp.Result) {
+			mu.Lock()
+			id := r.Header.Get("x-test-id")
+			results[id] = append(results[id], res)
+			mu.Unlock()
+		}},
+	}
+	gw, _ := runGateway(t, cfg, pods...)
+	// A client may cancel before its request reaches the gateway: the
+	// requests that arrived are those owed an outcome.
+	arrived := map[string]bool{}
+	gated := gw.Handler(route(gw, pods...))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived[r.Header.Get("x-test-id")] = true
+		mu.Unlock()
+		gated.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	for _, p := range pods {
+		p.waiting.Store(10)
+	}
+	waitFor(t, "the pool read saturated", func() bool { return gw.Saturation() >= 1 })
+	e := &evictEnv{gw: gw, srv: srv}
+
+	type got struct {
+		id        string
+		code      int
+		body      string
+		cancelled bool
+	}
+	replies := make(chan got, nShed+nCrit)
+	var wg sync.WaitGroup
+	for i := range nShed + nCrit {
+		id, objective := fmt.Sprintf("s%d", i), "sheddable"
+		if i >= nShed {
+			id, objective = fmt.Sprintf("c%d", i-nShed), "critical"
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			cancelled := objective == "sheddable" && i%4 == 3
+			if cancelled {
+				time.AfterFunc(time.Duration(i%5)*10*time.Millisecond, cancel)
+			}
+			code, _, body := e.send(ctx, id, objective, `{"prompt":"`+id+`"}`)
+			replies <- got{id, code, body, cancelled}
+		})
+	}
+	wg.Wait()
+	close(replies)
+	waitWithin(t, 5*time.Second, "every request finished", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results) == len(arrived)
+	})
+	requeued := 0
+	mu.Lock()
+	for id := range arrived {
+		rs := results[id]
+		require.Len(t, rs, 1, "outcomes of %s", id)
+		require.LessOrEqual(t, rs[0].Evictions, flowcontrol.DefaultMaxEvictions, id)
+		requeued += rs[0].Evictions
+	}
+	for g := range replies {
+		if !arrived[g.id] {
+			require.True(t, g.cancelled && g.code == 0, "%s never reached the gateway", g.id)
+			continue
+		}
+		res := results[g.id][0]
+		switch {
+		case g.code == 200:
+			require.Equal(t, "answer "+g.id, g.body, "the client of %s", g.id)
+			require.Equal(t, flowhttp.ReasonForwarded, res.Reason, g.id)
+		case g.cancelled && g.code == 0:
+			require.Contains(t, []string{flowhttp.ReasonCancelled, flowhttp.ReasonForwarded}, res.Reason, g.id)
+		default:
+			t.Errorf("%s: status %d body %q result %+v", g.id, g.code, g.body, res)
+		}
+	}
+	mu.Unlock()
+
+	ev, _ := gw.Evictions()
+	require.Positive(t, ev.Requeued[1], "no eviction happened: the test proved nothing")
+	require.Equal(t, uint64(requeued), ev.Requeued[1]+ev.Requeued[0])
+	require.Zero(t, ev.Evicted[0], "band 0 is never a victim")
+	waitFor(t, "every eviction's act accounted", func() bool {
+		ev, _ = gw.Evictions()
+		return ev.Requeued[1]+ev.Ended[1]+ev.Declined[1] == ev.Evicted[1]
+	})
+	t.Logf("%d requests arrived; evictions: %d requeued, %d declined, %d immune", len(arrived), ev.Requeued[1], ev.Declined[1], ev.Immune[1])
+	require.Zero(t, ev.Ended[1], "no response had started when taken")
+	require.Equal(t, 0, ev.Tracked)
+	require.Equal(t, 0, ev.Evicting)
+	require.Equal(t, int64(0), gw.Controller().InFlight())
+	for _, p := range pods {
+		require.Equal(t, int64(0), gw.Poller().InFlight(p.srv.URL+"/metrics"))
+	}
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(gw.Collector()))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	seen := 0
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "flowgate_body_memory_bytes":
+			require.Zero(t, mf.GetMetric()[0].GetGauge().GetValue(), "body memory held")
+			seen++
+		case "flowgate_evictions_total":
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == "sheddable" && m.GetLabel()[1].GetValue() == "requeued" {
+					require.Equal(t, float64(ev.Requeued[1]), m.GetCounter().GetValue())
+					seen++
+				}
+			}
+		}
+	}
+	require.Equal(t, 2, seen)
 }
