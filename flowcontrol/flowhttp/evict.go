@@ -306,6 +306,9 @@ func (r *recorder) commit() {
 	}
 	h[bandKey] = []string{r.band}
 	r.ResponseWriter.WriteHeader(r.code)
+	// From here on the handler writes the live map: trailers
+	// (http.TrailerPrefix keys, set after the body) must reach it.
+	r.hdr = h
 }
 
 // endStarted ends a started response the evictor took: a streamed one

@@ -567,3 +567,23 @@ func TestEvictionExactlyOnceUnderChurn(t *testing.T) {
 	}
 	require.Equal(t, 2, seen)
 }
+
+// Trailers the handler sets after the body (announced in the Trailer
+// header, as httputil.ReverseProxy copies a backend's) reach the client
+// through the held headers.
+func TestEvictionKeepsTrailers(t *testing.T) {
+	e := newEvictEnv(t, flowhttp.GatewayConfig{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		_, _ = io.WriteString(w, "body")
+		w.Header().Set("X-Checksum", "abc")
+	})
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/completions", strings.NewReader(`{}`))
+	req.Header.Set(flowhttp.ObjectiveHeader, "critical")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, "body", string(b))
+	require.Equal(t, "abc", resp.Trailer.Get("X-Checksum"))
+}

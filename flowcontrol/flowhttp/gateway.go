@@ -340,6 +340,11 @@ func (g *Gateway) Handler(next http.Handler) http.Handler {
 // oldest of those beyond the server's count are done at once (their
 // controller slots released too, GatewayConfig.OnRetire called), and their
 // done does nothing but report retired true; it reports false otherwise.
+//
+// With eviction on (GatewayConfig.Eviction), Forward also has the evictor
+// track the request on endpoint until done, or until the handler returns,
+// which gives back the endpoint's count of each Forward of an evicted
+// attempt, once, whether or not done was called.
 func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func() (retired bool)) {
 	rec := recorderOf(w)
 	if rec != nil && rec.intake == g.intake && !rec.forwarded {
