@@ -120,6 +120,7 @@
 //	queue-bytes-full  429     Retry-After: 1
 //	body-memory-full  429     Retry-After: 1, connection closed (the body was not read)
 //	expired           503     x-should-retry: false: it already waited the band's MaxWait
+//	                          (Retry-After: 1 for a request the gateway evicted and re-queued)
 //	shutting-down     503     Retry-After: 1 (another replica may take it)
 //	not-running       503     Retry-After: 1 (the controller was not started)
 //	body-too-large    413     x-should-retry: false
@@ -139,6 +140,23 @@
 // copies of flowhttp's own headers in the handler's response (a backend that
 // is itself behind flowgate) are removed, so a 429 from a backend cannot be
 // mistaken for one of ours.
+//
+// # Eviction
+//
+// With GatewayConfig.Eviction on, the gateway may take back a forwarded
+// request of a less critical band while a more critical one waits on a
+// saturated pool (flowcontrol.Evictor decides who and when). Forward tracks
+// the request on its endpoint; the eviction cancels the context of the
+// request the wrapped handler serves, so its upstream request is cancelled
+// and the model server aborts it. The response's status and headers are
+// held until its first body byte: until then nothing has reached the
+// client, and an evicted attempt is dropped whole (the handler's 502 or
+// abort included), its controller slot and endpoint count given back, and
+// the request waits again at the head of its band and goes to the wrapped
+// handler again, with the body flowhttp kept (still charged to
+// MaxBodyMemory). The client sees one response, later; Result.Evictions
+// counts the re-queues and OnFinish is called once. A started response is
+// cut only with EvictionConfig.Started (Result.Reason "evicted").
 //
 // # Releases the saturation has not seen yet
 //

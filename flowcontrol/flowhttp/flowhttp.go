@@ -121,6 +121,9 @@ type Result struct {
 	// Flow is the fairness id the request was queued under ("" =
 	// flowcontrol.DefaultFlow).
 	Flow string
+	// Evictions is how many times the gateway evicted the request before
+	// its response started and re-queued it (GatewayConfig.Eviction).
+	Evictions int
 }
 
 // MaxFairnessIDLen bounds the fairness id taken from a header: a longer one
@@ -319,6 +322,8 @@ type intake struct {
 	// to the poller whose handler has not returned (the credit's gap is
 	// Controller.InFlight minus it).
 	forwarded atomic.Int64
+	// evict is the eviction side of a Gateway's intake (nil: off).
+	evict *evicting
 }
 
 type handler struct {
@@ -652,10 +657,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reserved = n
 	}
 	var permit flowcontrol.Permit
+	var req *flowcontrol.Request
+	queued := time.Now()
 	if h.bands[band].flows {
 		deadline := deadlineOf(r, start)
 		res.Flow = flow
-		permit, err = h.c.WaitRequest(r.Context(), band, &flowcontrol.Request{Flow: flow, Cost: float64(len(body)), Deadline: deadline})
+		req = &flowcontrol.Request{Flow: flow, Cost: float64(len(body)), Deadline: deadline}
+		permit, err = h.c.WaitRequest(r.Context(), band, req)
 	} else {
 		permit, err = h.c.Wait(r.Context(), band)
 	}
@@ -680,6 +688,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.TransferEncoding = nil
 	r.Header.Del("Expect")
 	r.Header.Del("Content-Length")
+	if h.evict != nil {
+		h.forwardEvictable(w, r, &res, body, held, band, req, permit, start, queued, finish)
+		return
+	}
 	rec := &recorder{ResponseWriter: w, band: h.bands[band].name, bandIdx: band, intake: h.intake, permit: permit}
 	res.Reason = ReasonForwarded
 	defer func() {
@@ -883,6 +895,12 @@ func (in *intake) refuse(w http.ResponseWriter, res *Result, err error) {
 		return
 	}
 	res.Status, res.Reason = f.status, f.reason
+	if res.Evictions > 0 && errors.Is(err, flowcontrol.ErrExpired) {
+		// The gateway took this request back to serve more critical
+		// work, and its wait ran out after: the client did nothing
+		// wrong, and is told when to come back.
+		f.retry = true
+	}
 	w.Header()[bandKey] = []string{in.bands[res.Band].name}
 	if f.closeIt {
 		w.Header().Set("Connection", "close")

@@ -117,6 +117,29 @@ type GatewayConfig struct {
 	// NoCriticalKVRouting turns the critical routing off: band 0 is routed
 	// as every band (CriticalKVHeadroom must then be 0).
 	NoCriticalKVRouting bool
+	// Eviction turns eviction on when Enabled (off by default): while a
+	// request of a more critical band waits (queued behind a gate, or
+	// forwarded and without its first byte for Eviction.Stall) and the
+	// pool reads saturated, the gateway takes back forwarded requests of
+	// less critical bands (flowcontrol.Evictor has the rule). It cancels
+	// the victim's request to its endpoint (vLLM and SGLang abort a request
+	// whose connection closes, and free its KV cache). A victim that has
+	// sent no body byte to its client is not failed: its attempt's output
+	// is dropped and it waits again at the head of its band, with its
+	// first wait's MaxWait deadline (then 503 expired with Retry-After),
+	// and its client sees only a later first token. A started response is
+	// never cut unless Eviction.Started: then a streamed one ends with an
+	// OpenAI-shaped error event, any other with its connection cut.
+	//
+	// With eviction on, the Handler holds a response's status and headers
+	// until its first body byte (or until the handler returns), and the
+	// host's handler must call Forward and serve the request with the
+	// request's context (httputil.ReverseProxy does), which the eviction
+	// cancels; it may be called more than once per request. A zero Grace
+	// is the poller's interval (at least flowcontrol.DefaultEvictionGrace);
+	// a Grace shorter than the interval is an error: the freed capacity
+	// would not show in the saturation before the next eviction is judged.
+	Eviction flowcontrol.EvictionConfig
 	// Logger receives the gateway's one line at Start: whom it trusts
 	// with a band (Options.Identify, Options.TrustObjectiveHeader, or
 	// nobody). Nil: slog.Default().
@@ -253,7 +276,16 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 			user(band, outcome, waited)
 		}
 	}
-	cc := flowcontrol.ControllerConfig{Config: fc, OnOutcome: onOutcome, Admitter: cfg.Admitter}
+	ev := cfg.Eviction
+	if ev.Enabled {
+		switch {
+		case ev.Grace == 0:
+			ev.Grace = max(g.interval, flowcontrol.DefaultEvictionGrace)
+		case ev.Grace > 0 && ev.Grace < g.interval:
+			return nil, fmt.Errorf("%w: Eviction.Grace %v is shorter than the poller's interval %v", ErrInvalidConfig, ev.Grace, g.interval)
+		}
+	}
+	cc := flowcontrol.ControllerConfig{Config: fc, OnOutcome: onOutcome, Admitter: cfg.Admitter, Eviction: ev}
 	if cfg.NoCredit {
 		// The controller would tell the poller of each release (its
 		// credit to the pool); with NoCredit nothing is credited.
@@ -269,6 +301,9 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 	g.intake, err = newIntake(g.ctrl, cfg.HTTP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: HTTP: %w", ErrInvalidConfig, err)
+	}
+	if e := g.ctrl.Evictor(); e != nil {
+		g.intake.evict = &evicting{ev: e, started: e.Config().Started, counts: make([]evictCounts, len(fc.Bands))}
 	}
 	g.endpoints.poller = poller
 	g.extra = newGatewayCollector(g, mo)
@@ -305,6 +340,11 @@ func (g *Gateway) Handler(next http.Handler) http.Handler {
 // oldest of those beyond the server's count are done at once (their
 // controller slots released too, GatewayConfig.OnRetire called), and their
 // done does nothing but report retired true; it reports false otherwise.
+//
+// With eviction on (GatewayConfig.Eviction), Forward also has the evictor
+// track the request on endpoint until done, or until the handler returns,
+// which gives back the endpoint's count of each Forward of an evicted
+// attempt, once, whether or not done was called.
 func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func() (retired bool)) {
 	rec := recorderOf(w)
 	if rec != nil && rec.intake == g.intake && !rec.forwarded {
@@ -313,6 +353,17 @@ func (g *Gateway) Forward(w http.ResponseWriter, endpoint string) (done func() (
 		rec.forwarded = true
 		g.intake.forwarded.Add(1)
 	}
+	done = g.count(rec, endpoint)
+	if rec != nil && rec.intake == g.intake && rec.at != nil {
+		// Eviction on: the evictor tracks the request on endpoint from
+		// here until done (or the attempt's end).
+		done = rec.at.forward(g.intake.evict.ev, endpoint, done)
+	}
+	return done
+}
+
+// count is Forward's count of the request on endpoint, and its done.
+func (g *Gateway) count(rec *recorder, endpoint string) func() bool {
 	i, ok := g.endpoints.index[endpoint]
 	if !ok {
 		return notCounted

@@ -20,6 +20,14 @@ type gatewayCollector struct {
 	interval *prometheus.Desc // per endpoint
 	pace     *prometheus.Desc // the pool's mean
 	timeout  *prometheus.Desc
+	// Eviction's, described only with eviction on.
+	bandNames   []string
+	evictions   *prometheus.Desc
+	immune      *prometheus.Desc
+	wasted      *prometheus.Desc
+	resent      *prometheus.Desc
+	tracked     *prometheus.Desc
+	evictingNow *prometheus.Desc
 }
 
 func newGatewayCollector(g *Gateway, o flowmetrics.Options) *gatewayCollector {
@@ -29,7 +37,8 @@ func newGatewayCollector(g *Gateway, o flowmetrics.Options) *gatewayCollector {
 	}
 	name := func(n string) string { return prometheus.BuildFQName(ns, "", n) }
 	ep := []string{"endpoint"}
-	return &gatewayCollector{
+	bd := []string{"band"}
+	c := &gatewayCollector{
 		g: g,
 		memory: prometheus.NewDesc(name("body_memory_bytes"),
 			"Bytes of buffers held for gated request bodies being read, waiting or served (bounded by Options.MaxBodyMemory).", nil, o.ConstLabels),
@@ -52,6 +61,23 @@ func newGatewayCollector(g *Gateway, o flowmetrics.Options) *gatewayCollector {
 		timeout: prometheus.NewDesc(name("poller_scrape_timeout_seconds"),
 			"The poller's effective scrape timeout: its Timeout, or a multiple of the median scrape latency when that is longer.", nil, o.ConstLabels),
 	}
+	if g.intake.evict != nil {
+		c.bandNames = o.BandNames
+		c.evictions = prometheus.NewDesc(name("evictions_total"),
+			"Forwarded requests the evictor took back, by their band and what became of them: requeued (nothing had reached the client; it waited again), ended (its response had started: ended with an error), declined (it had finished, or started with started responses protected: nothing cut).",
+			[]string{"band", "outcome"}, o.ConstLabels)
+		c.immune = prometheus.NewDesc(name("eviction_immune_total"),
+			"Requests evicted the most times allowed (EvictionConfig.MaxEvictions), which no further eviction takes.", bd, o.ConstLabels)
+		c.wasted = prometheus.NewDesc(name("eviction_wasted_seconds_total"),
+			"Time evicted requests had run at their endpoint, from Forward to their eviction: the servers' work thrown away.", bd, o.ConstLabels)
+		c.resent = prometheus.NewDesc(name("eviction_resent_bytes_total"),
+			"Request body bytes of re-queued victims, which an endpoint reads and prefills again.", bd, o.ConstLabels)
+		c.tracked = prometheus.NewDesc(name("eviction_tracked"),
+			"Forwarded requests the evictor tracks (forwarded and not finished).", nil, o.ConstLabels)
+		c.evictingNow = prometheus.NewDesc(name("evictions_pending"),
+			"Evictions whose request has not yet ended at its server (at most one per endpoint).", nil, o.ConstLabels)
+	}
+	return c
 }
 
 func (c *gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -59,6 +85,11 @@ func (c *gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.memory, c.gap, c.score, c.waiting, c.kv, c.inflight, c.usable,
 		c.interval, c.pace, c.timeout} {
 		ch <- d
+	}
+	if c.evictions != nil {
+		for _, d := range []*prometheus.Desc{c.evictions, c.immune, c.wasted, c.resent, c.tracked, c.evictingNow} {
+			ch <- d
+		}
 	}
 }
 
@@ -87,4 +118,16 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.g.poller.Stats()
 	ch <- prometheus.MustNewConstMetric(c.pace, prometheus.GaugeValue, st.Interval.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.timeout, prometheus.GaugeValue, st.Timeout.Seconds())
+	if ev, ok := c.g.Evictions(); ok {
+		for i, name := range c.bandNames {
+			for o, n := range [evictOutcomes][]uint64{ev.Requeued, ev.Ended, ev.Declined} {
+				ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(n[i]), name, evictOutcomeNames[o])
+			}
+			ch <- prometheus.MustNewConstMetric(c.immune, prometheus.CounterValue, float64(ev.Immune[i]), name)
+			ch <- prometheus.MustNewConstMetric(c.wasted, prometheus.CounterValue, ev.Wasted[i].Seconds(), name)
+			ch <- prometheus.MustNewConstMetric(c.resent, prometheus.CounterValue, float64(ev.ResentBytes[i]), name)
+		}
+		ch <- prometheus.MustNewConstMetric(c.tracked, prometheus.GaugeValue, float64(ev.Tracked))
+		ch <- prometheus.MustNewConstMetric(c.evictingNow, prometheus.GaugeValue, float64(ev.Evicting))
+	}
 }

@@ -23,6 +23,23 @@ type recorder struct {
 	forwarded bool
 	permit    flowcontrol.Permit // the request's controller slot, for Forward's early end
 	reason    string             // SetReason's
+	// With eviction on (forwardEvictable), at is the current attempt and
+	// the recorder holds the status and headers (in hdr) until the first
+	// body byte: a response whose headers reached the client could not be
+	// re-queued. tracked is the request's evictor record, kept across
+	// attempts (its eviction count).
+	at      *attempt
+	hdr     http.Header
+	tracked *flowcontrol.Tracked
+}
+
+// Header is the wrapped writer's header map, or the held one while the
+// recorder holds the response (eviction on).
+func (r *recorder) Header() http.Header {
+	if r.at != nil {
+		return r.hdr
+	}
+	return r.ResponseWriter.Header()
 }
 
 // SetReason tells flowhttp why the wrapped handler answered as it did, for
@@ -77,6 +94,19 @@ func (r *recorder) WriteHeader(code int) {
 	if r.code != 0 {
 		return // net/http would log a superfluous call; say nothing
 	}
+	if r.at != nil {
+		// Held until the first body byte. An informational answer
+		// (103 Early Hints) is dropped: it would reach a client whose
+		// request may yet be re-queued, and it is only a hint.
+		if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+			return
+		}
+		r.code = code
+		if code == http.StatusSwitchingProtocols {
+			_, _ = r.Write(nil) // the connection is handed over now
+		}
+		return
+	}
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
 		r.ResponseWriter.WriteHeader(code)
 		return
@@ -94,12 +124,37 @@ func (r *recorder) Write(b []byte) (int, error) {
 	if r.code == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
+	if a := r.at; a != nil {
+		if len(b) == 0 && r.code != http.StatusSwitchingProtocols {
+			return 0, nil // no body byte: the response has not started
+		}
+		a.mu.Lock()
+		if a.evicted {
+			a.mu.Unlock()
+			return 0, errEvicted
+		}
+		first := !a.committed
+		a.committed = true
+		t := a.tracked
+		a.mu.Unlock()
+		if first {
+			r.commit()
+			if t != nil {
+				t.Start()
+			}
+		}
+	}
 	return r.ResponseWriter.Write(b)
 }
 
 // Flush flushes through to the underlying writer (handlers that assert
 // http.Flusher, such as SSE handlers, find it here).
 func (r *recorder) Flush() {
+	if r.at != nil && !r.at.committed {
+		// Nothing to flush before the first body byte: the status and
+		// headers are held (the flag is written only on this goroutine).
+		return
+	}
 	if r.code == 0 {
 		r.WriteHeader(http.StatusOK)
 	}

@@ -63,6 +63,7 @@ type fileFlowControl struct {
 	} `yaml:"saturationDetector"`
 	BodyPriority       string   `yaml:"bodyPriority"`
 	CriticalKVHeadroom *float64 `yaml:"criticalKVHeadroom" in:"[0, 1]"`
+	EnableEviction     bool     `yaml:"enableEviction"` // llm-d's switch (FlowControlConfig.EnableEviction)
 }
 
 type fileBand struct {
@@ -252,6 +253,9 @@ type Config struct {
 	// takes the gateway's default, 0 turns it off.
 	CriticalKVHeadroom *float64
 	Shared             SharedConfig // off by default
+	// Eviction is flowControl.enableEviction, llm-d's switch: it turns on
+	// flowhttp.GatewayConfig.Eviction with its defaults. Off by default.
+	Eviction bool
 	// Warnings lists what the file held that the proxy ignores.
 	Warnings []string
 }
@@ -353,6 +357,7 @@ func (p *parser) resolve(fc *fileConfig) Config {
 	p.bands(&cfg, fcf, queueing)
 	p.oneOf(fcf.BodyPriority, "flowControl.bodyPriority", BodyPriorityKeep, BodyPriorityStrip, BodyPriorityIgnore, BodyPrioritySet)
 	cfg.Tick, cfg.Burst, cfg.CriticalKVHeadroom = fcf.Tick, fcf.Burst, fcf.CriticalKVHeadroom
+	cfg.Eviction = fcf.EnableEviction
 	cfg.BodyPriority = cmp.Or(fcf.BodyPriority, cfg.BodyPriority)
 	if sh := fc.SharedInFlight; sh != nil {
 		cfg.Shared = p.shared(*sh)

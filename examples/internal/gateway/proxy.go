@@ -431,6 +431,9 @@ func GatewayConfig(cfg Config, policy flowcontrol.CeilingPolicy) flowhttp.Gatewa
 		gc.CriticalKVHeadroom = *h
 		gc.NoCriticalKVRouting = *h == 0
 	}
+	// Eviction's Grace is left to the gateway: the scrape interval (at
+	// least flowcontrol.DefaultEvictionGrace), the sensor's lag.
+	gc.Eviction.Enabled = cfg.Eviction
 	return gc
 }
 
