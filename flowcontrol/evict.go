@@ -147,9 +147,10 @@ type Evictor struct {
 	pool    endpointState
 	tracked int
 	seq     uint64
-	evicted []uint64 // per band
-	immune  []uint64 // per band
-	pending []*Tracked
+	evicted []uint64   // per band
+	immune  []uint64   // per band
+	pending []*Tracked // Check's scratch
+	acts    []func()   // Check's scratch
 	// wakeAt is when Run's timer fires next (zero: Run sleeps until
 	// nudged, or no Run).
 	wakeAt time.Time
@@ -461,14 +462,45 @@ func (e *Evictor) Check() int {
 			victims = append(victims, best)
 		}
 	}
-	acts := len(victims)
-	e.pending = victims
-	e.mu.Unlock()
+	// The acts are read under the lock: a concurrent Again replaces them.
+	acts := e.acts[:0]
 	for i, v := range victims {
-		v.act()
+		acts = append(acts, v.act)
 		victims[i] = nil
 	}
-	return acts
+	e.pending = victims[:0]
+	e.acts = acts
+	e.mu.Unlock()
+	for i, act := range acts {
+		act()
+		acts[i] = nil
+	}
+	return len(acts)
+}
+
+// Decline undoes the eviction whose act was just called, for an act that
+// found nothing to cut (the request had finished, or its response had
+// just started and EvictionConfig.Started is off): it is not counted, the
+// request keeps its eviction count, and its endpoint may give way again at
+// once (no confirmation to wait for, no grace). It does nothing unless the
+// act was called and neither Done nor Decline has come since.
+func (t *Tracked) Decline() {
+	e := t.e
+	e.mu.Lock()
+	if t.evicting {
+		if t.evictions == e.cfg.MaxEvictions {
+			e.immune[t.band]--
+		}
+		t.evicting = false
+		t.evictions--
+		e.evicted[t.band]--
+		t.ep.evicting--
+		if t.forPool {
+			e.pool.evicting--
+		}
+	}
+	e.mu.Unlock()
+	e.nudge()
 }
 
 // take marks v evicted, in flight on its endpoint (and for the gateway's

@@ -185,6 +185,15 @@ func TestEvictionStateMachine(t *testing.T) {
 				end(it, "completed")
 			},
 			"confirm": func(t *rapid.T) { confirm(pick("confirm", smEvicting), rapid.Bool().Draw(t, "gone")) },
+			// The act found nothing to cut (the request had just
+			// finished or started): the eviction is undone, and the
+			// endpoint may give way again at once.
+			"decline": func(t *rapid.T) {
+				it := pick("decline", smEvicting)
+				it.tracked.Decline()
+				it.state = smInFlight
+				it.evictions--
+			},
 			"cancel": func(t *rapid.T) {
 				it := pick("cancel", smQueued)
 				it.abandoned = true

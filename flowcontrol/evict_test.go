@@ -320,3 +320,29 @@ func fullKV(string) float64 { return 1 }
 type saturationOf float64
 
 func (s saturationOf) Saturation() float64 { return float64(s) }
+
+// TestEvictorDecline: an act that found nothing to cut is undone: not
+// counted, not toward MaxEvictions, and the endpoint gives way again at
+// once, with no confirmation to wait for and no grace.
+func TestEvictorDecline(t *testing.T) {
+	clock := newFakeClock()
+	ev, err := flowcontrol.NewEvictor(flowcontrol.EvictionConfig{KVUsage: fullKV, MaxEvictions: 1}, 2, newSat(1), nil, clock.Now)
+	require.NoError(t, err)
+	var taken []string
+	older := ev.Track(1, "pod", func() { taken = append(taken, "older") })
+	var newer *flowcontrol.Tracked
+	newer = ev.Track(1, "pod", func() { taken = append(taken, "newer"); newer.Decline() })
+	ev.Track(0, "pod", func() {})
+	clock.Advance(flowcontrol.DefaultEvictionStall)
+	assert.Equal(t, 1, ev.Check())
+	assert.Equal(t, flowcontrol.EvictionStats{Tracked: 3, Evicted: []uint64{0, 0}, Immune: []uint64{0, 0}}, ev.Stats())
+	assert.Zero(t, newer.Evictions())
+	clock.Advance(flowcontrol.DefaultEvictionStall) // the held request calls again
+	newer.Start()                                   // and the declined one has started: no victim now
+	assert.Equal(t, 1, ev.Check(), "no confirmation, no grace to wait for")
+	assert.Equal(t, []string{"newer", "older"}, taken)
+	assert.True(t, older.Done())
+	assert.False(t, newer.Done())
+	older.Decline() // after Done: nothing
+	assert.Equal(t, []uint64{0, 1}, ev.Stats().Evicted)
+}

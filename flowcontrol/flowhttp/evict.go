@@ -120,8 +120,8 @@ func (a *attempt) forward(ev *flowcontrol.Evictor, endpoint string, done func() 
 }
 
 // act is the evictor's act: it cancels the attempt's upstream request,
-// unless the request finished or its response started (with Started off),
-// which it declines and confirms at once.
+// unless the request finished or its response started (with Started off):
+// then it declines (Tracked.Decline).
 func (a *attempt) act() {
 	in := a.rec.intake
 	a.mu.Lock()
@@ -138,9 +138,10 @@ func (a *attempt) act() {
 	in.evict.counts[a.rec.bandIdx].outcome[evictDeclined].Add(1)
 	if !over && t != nil {
 		// Nothing is freed, and the request is no victim any more (it
-		// finished, or started with Started off): confirm now so the
-		// endpoint's next eviction is not held up by it.
-		t.Done()
+		// finished, or started with Started off): the eviction is
+		// undone, so it counts for nothing and the endpoint's next one
+		// is not held up by it.
+		t.Decline()
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,16 +91,19 @@ func (e *evictEnv) send(ctx context.Context, id, objective, body string) (int, h
 	return resp.StatusCode, resp.Header, string(b)
 }
 
-// saturate makes the pod read saturated (10 waiting: score 1.6) and waits
-// for the gateway to see it.
+// saturate makes the pod read saturated (10 waiting: score 1.6) with its
+// KV cache full, and waits for the gateway to see it.
 func (e *evictEnv) saturate(t testing.TB) {
 	t.Helper()
 	e.pod.waiting.Store(10)
-	waitFor(t, "the pool read saturated", func() bool { return e.gw.Saturation() >= 1 })
+	e.pod.kv.Store(1000)
+	waitFor(t, "the pool read saturated and full", func() bool {
+		return e.gw.Saturation() >= 1 && e.gw.Poller().KVUsage(e.metrics) >= flowcontrol.DefaultEvictionKVThreshold
+	})
 }
 
 // idle makes the pod read idle.
-func (e *evictEnv) idle() { e.pod.waiting.Store(0) }
+func (e *evictEnv) idle() { e.pod.waiting.Store(0); e.pod.kv.Store(0) }
 
 type reply struct {
 	code   int
@@ -469,8 +473,12 @@ func TestEvictionExactlyOnceUnderChurn(t *testing.T) {
 	t.Cleanup(srv.Close)
 	for _, p := range pods {
 		p.waiting.Store(10)
+		p.kv.Store(1000) // full: a held request waits for memory
 	}
-	waitFor(t, "the pool read saturated", func() bool { return gw.Saturation() >= 1 })
+	waitFor(t, "the pool read saturated and full", func() bool {
+		return gw.Saturation() >= 1 && gw.Poller().KVUsage(pods[0].srv.URL+"/metrics") == 1 &&
+			gw.Poller().KVUsage(pods[1].srv.URL+"/metrics") == 1
+	})
 	e := &evictEnv{gw: gw, srv: srv}
 
 	type got struct {
@@ -586,4 +594,48 @@ func TestEvictionKeepsTrailers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "body", string(b))
 	require.Equal(t, "abc", resp.Trailer.Get("X-Checksum"))
+}
+
+// Eviction frees memory: while the pod's KV cache has room, a critical
+// request stalled there on a saturated pool (it waits for compute) takes
+// nothing; once the pod's cache reads full, the sheddable request released
+// before it is taken. The endpoint the host forwards to is the backend's
+// URL, the poller's name for it its metrics URL: the gateway maps one to
+// the other (the test fails if it does not: nothing is ever taken).
+func TestEvictionWaitsForAFullCache(t *testing.T) {
+	s := newScripted()
+	e := newEvictEnv(t, flowhttp.GatewayConfig{}, s.serve)
+	t.Cleanup(s.release)
+	shed := e.goSend(context.Background(), "shed", "sheddable", `{"prompt":"p"}`)
+	waitFor(t, "the sheddable request at the pod", func() bool { return s.shedAttempts.Load() == 1 })
+	e.saturate(t)
+	e.pod.kv.Store(500)
+	waitFor(t, "the cache read half full", func() bool { return e.gw.Poller().KVUsage(e.metrics) == 0.5 })
+	crit := e.goSend(context.Background(), "crit", "critical", `{"prompt":"urgent"}`)
+	ev := e.gw.Controller().Evictor()
+	waitFor(t, "the critical request stalled", func() bool {
+		st := e.gw.Controller().Stats()
+		return st.Eviction.Tracked == 2 && e.gw.Controller().InFlight() == 2
+	})
+	// Past the stall (on the real clock the evictor reads), checking
+	// all along, as its own Run does too: nothing is taken.
+	deadline := time.Now().Add(2 * evictStall)
+	for time.Now().Before(deadline) {
+		require.Zero(t, ev.Check(), "a pod with room in its cache gives nothing way")
+		runtime.Gosched()
+	}
+	require.Zero(t, ev.Stats().Evicted[1], "nor did the evictor's Run")
+	require.Equal(t, int64(1), s.shedAttempts.Load())
+	e.pod.kv.Store(1000)
+	select {
+	case <-s.aborted:
+	case <-time.After(time.Minute):
+		t.Fatal("the sheddable request was never evicted once the cache read full")
+	}
+	s.release()
+	require.Equal(t, 200, recv(t, crit).code)
+	e.idle()
+	r := recv(t, shed)
+	require.Equal(t, 200, r.code, r.body)
+	require.Equal(t, int64(2), s.shedAttempts.Load())
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -283,6 +284,19 @@ func NewGateway(cfg GatewayConfig) (*Gateway, error) {
 			ev.Grace = max(g.interval, flowcontrol.DefaultEvictionGrace)
 		case ev.Grace > 0 && ev.Grace < g.interval:
 			return nil, fmt.Errorf("%w: Eviction.Grace %v is shorter than the poller's interval %v", ErrInvalidConfig, ev.Grace, g.interval)
+		}
+		if ev.KVUsage == nil {
+			// Each endpoint's KV-cache usage as the poller last read it
+			// from its metrics URL (NaN while it has no usable reading,
+			// or for an endpoint the gateway does not know: nothing is
+			// taken there).
+			ev.KVUsage = func(endpoint string) float64 {
+				i, ok := g.endpoints.index[endpoint]
+				if !ok {
+					return math.NaN()
+				}
+				return g.poller.KVUsage(g.fwd[i].endpoint)
+			}
 		}
 	}
 	cc := flowcontrol.ControllerConfig{Config: fc, OnOutcome: onOutcome, Admitter: cfg.Admitter, Eviction: ev}

@@ -28,6 +28,7 @@ import (
 type pod struct {
 	srv     *httptest.Server
 	waiting atomic.Int64
+	kv      atomic.Int64 // vllm:kv_cache_usage_perc in thousandths
 	reached atomic.Int64 // requests that reached it (not /metrics)
 	handle  func(w http.ResponseWriter, r *http.Request)
 }
@@ -36,7 +37,8 @@ func newPod(t testing.TB, handle func(w http.ResponseWriter, r *http.Request)) *
 	p := &pod{handle: handle}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
-			fmt.Fprintf(w, "vllm:num_requests_waiting %d\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n", p.waiting.Load())
+			fmt.Fprintf(w, "vllm:num_requests_waiting %d\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc %g\n",
+				p.waiting.Load(), float64(p.kv.Load())/1000)
 			return
 		}
 		p.reached.Add(1)
