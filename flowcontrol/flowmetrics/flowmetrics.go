@@ -94,6 +94,7 @@ type FlowSource interface {
 //
 //	flowgate_queue_depth{band}                   gauge   requests waiting in the band
 //	flowgate_requests_total{band,outcome}        counter queued requests by outcome: dispatched, cancelled, expired, closed
+//	flowgate_requeued_total{band}                counter requests put back at the head of the band after an eviction (each then counted again by outcome)
 //	flowgate_refused_total{band,reason}          counter calls refused before the queue: queue_full, closed, cancelled, not_running, shed
 //	flowgate_unknown_band_total                  counter calls refused for naming no band
 //	flowgate_saturation                          gauge   sanitised saturation read at the last tick
@@ -132,6 +133,7 @@ type Collector struct {
 
 	queueDepth *prometheus.Desc
 	requests   *prometheus.Desc
+	requeued   *prometheus.Desc
 	refused    *prometheus.Desc
 	unknown    *prometheus.Desc
 	saturation *prometheus.Desc
@@ -201,6 +203,9 @@ func New(bands int, opts Options) (*Collector, error) {
 		requests: prometheus.NewDesc(ns+"_requests_total",
 			"Requests that entered the band's queue and left it, by outcome: dispatched, cancelled, expired, closed.",
 			[]string{"band", "outcome"}, cl),
+		requeued: prometheus.NewDesc(ns+"_requeued_total",
+			"Requests put back at the head of the band after an eviction (Requeue); each is counted again in requests_total when it leaves.",
+			[]string{"band"}, cl),
 		refused: prometheus.NewDesc(ns+"_refused_total",
 			"Calls refused before the band's queue, by reason: queue_full, closed, cancelled (context already done), not_running, shed (refused by the admitter).",
 			[]string{"band", "reason"}, cl),
@@ -291,6 +296,7 @@ func (c *Collector) band(i int) string {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.queueDepth
 	ch <- c.requests
+	ch <- c.requeued
 	ch <- c.refused
 	ch <- c.unknown
 	ch <- c.saturation
@@ -323,6 +329,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.requests, b.Cancelled, name, OutcomeCancelled)
 		counter(c.requests, b.Expired, name, OutcomeExpired)
 		counter(c.requests, b.Closed, name, OutcomeClosed)
+		counter(c.requeued, b.Requeued, name)
 		counter(c.refused, b.Rejected, name, ReasonQueueFull)
 		counter(c.refused, b.Refused.Closed, name, ReasonClosed)
 		counter(c.refused, b.Refused.Cancelled, name, ReasonCancelled)

@@ -181,8 +181,21 @@ func TestScrapeMatchesStats(t *testing.T) {
 	require.NoError(t, errs[3])
 	permits[3].Done()
 
+	// Requeued: the released request is taken back (evicted) and queued
+	// again at the head of its band, then released a second time.
+	requeued := make(chan error, 1)
+	go func() {
+		p, err := c.Requeue(context.Background(), 0, nil, clock())
+		p.Done()
+		requeued <- err
+	}()
+	waitQueued(t, c, 0, 1)
+	c.Step()
+	require.NoError(t, <-requeued)
+
 	st := c.Stats()
-	require.Equal(t, uint64(1), st.Bands[0].Dispatched)
+	require.Equal(t, uint64(2), st.Bands[0].Dispatched)
+	require.Equal(t, uint64(1), st.Bands[0].Requeued)
 	require.Equal(t, uint64(2), st.Bands[1].Expired)
 	require.Equal(t, uint64(1), st.Bands[1].Cancelled)
 	require.Equal(t, uint64(1), st.Bands[1].Rejected)
@@ -197,6 +210,7 @@ func TestScrapeMatchesStats(t *testing.T) {
 		require.Equal(t, float64(b.Queued), value(t, fams, "flowgate_queue_depth", lb).GetGauge().GetValue())
 		require.Equal(t, b.Gate.Ceiling, value(t, fams, "flowgate_band_ceiling", lb).GetGauge().GetValue())
 		require.Equal(t, float64(b.Gate.Every), value(t, fams, "flowgate_band_duty_cycle_ticks", lb).GetGauge().GetValue())
+		require.Equal(t, float64(b.Requeued), value(t, fams, "flowgate_requeued_total", lb).GetCounter().GetValue())
 		for reason, want := range map[string]uint64{
 			"queue_full": b.Rejected, "closed": b.Refused.Closed, "cancelled": b.Refused.Cancelled, "not_running": b.Refused.NotRunning,
 			"shed": b.Refused.Shed,
