@@ -144,8 +144,10 @@
 // # Eviction
 //
 // With GatewayConfig.Eviction on, the gateway may take back a forwarded
-// request of a less critical band while a more critical one waits on a
-// saturated pool (flowcontrol.Evictor decides who and when). Forward tracks
+// request of a less critical band while a more critical one waits for its
+// first byte on an endpoint whose KV cache reads full (the poller's
+// vllm:kv_cache_usage_perc), or waits behind a gate on a saturated pool
+// (flowcontrol.Evictor decides who and when). Forward tracks
 // the request on its endpoint; the eviction cancels the context of the
 // request the wrapped handler serves, so its upstream request is cancelled
 // and the model server aborts it. The response's status and headers are

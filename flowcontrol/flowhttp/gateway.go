@@ -119,10 +119,12 @@ type GatewayConfig struct {
 	// as every band (CriticalKVHeadroom must then be 0).
 	NoCriticalKVRouting bool
 	// Eviction turns eviction on when Enabled (off by default): while a
-	// request of a more critical band waits (queued behind a gate, or
-	// forwarded and without its first byte for Eviction.Stall) and the
-	// pool reads saturated, the gateway takes back forwarded requests of
-	// less critical bands (flowcontrol.Evictor has the rule). It cancels
+	// request of a more critical band waits — forwarded, without its first
+	// byte for Eviction.Stall, to an endpoint whose KV cache reads full
+	// (Eviction.KVThreshold; KVUsage defaults to the poller's reading), or
+	// queued behind a gate while the pool reads saturated — the gateway
+	// takes back forwarded requests of less critical bands
+	// (flowcontrol.Evictor has the rule). It cancels
 	// the victim's request to its endpoint (vLLM and SGLang abort a request
 	// whose connection closes, and free its KV cache). A victim that has
 	// sent no body byte to its client is not failed: its attempt's output
