@@ -585,7 +585,16 @@ func (d *Dispatcher[T]) drain(b *band[T], now int64) {
 
 // route puts e, just taken from the ring, into its flow's queue.
 func (fs *flows[T]) route(e *fentry[T], now int64) {
-	f := e.flow
+	fs.place(e.flow, qentry[T]{item: e.item, due: e.due, cost: e.cost, seq: fs.seq}, now, false)
+	fs.seq++
+}
+
+// place puts q into f's queue: at its back, or, for a re-queued item
+// (front), at its front (see Dispatcher.Requeue). A flow that was empty
+// becomes active: a round-robin flow joins the turn (at its end, or at its
+// front for a re-queued item); a fair-share flow starts at max(virtual
+// time, its finish tag), a re-queued item's at the virtual time itself.
+func (fs *flows[T]) place(f *flow[T], q qentry[T], now int64, front bool) {
 	if !f.reg {
 		f.reg = true
 		fs.all = append(fs.all, f)
@@ -593,25 +602,44 @@ func (fs *flows[T]) route(e *fentry[T], now int64) {
 	}
 	f.last = now
 	wasEmpty := f.len() == 0
-	f.push(qentry[T]{item: e.item, due: e.due, cost: e.cost, seq: fs.seq})
-	fs.seq++
+	switch {
+	case !front || f.edf:
+		f.push(q) // edf: a re-queued item's seq 0 puts it ahead of equal deadlines
+	default:
+		f.fifo.pushFront(q)
+		// Behind the entries with an earlier deadline, which expiry
+		// (looking at the head alone) needs in order.
+		b := &f.fifo
+		m := uint32(len(b.buf) - 1)
+		for i := uint32(0); i+1 < b.n && b.buf[(b.start+i+1)&m].due < q.due; i++ {
+			b.buf[(b.start+i)&m], b.buf[(b.start+i+1)&m] = b.buf[(b.start+i+1)&m], b.buf[(b.start+i)&m]
+		}
+	}
 	if wasEmpty {
 		switch fs.fair {
 		case fairRR:
 			if !f.inList {
 				f.inList = true
-				fs.rr.push(f)
+				if front {
+					fs.rr.pushFront(f)
+				} else {
+					fs.rr.push(f)
+				}
 			}
 		case fairShare:
-			f.start = max(fs.vtime, f.finish)
-			f.order = fs.order
-			fs.order++
+			if front {
+				f.start, f.order = fs.vtime, 0
+			} else {
+				f.start = max(fs.vtime, f.finish)
+				f.order = fs.order
+				fs.order++
+			}
 			fs.vt.push(f)
 		}
 		if fs.timed {
 			fs.ex.push(f)
 		}
-	} else if fs.timed && f.edf {
+	} else if fs.timed && (f.edf || front) {
 		fs.ex.fix(f)
 	}
 }

@@ -74,7 +74,7 @@ func (d *Dispatcher[T]) requeue(bandIdx int, id string, cost float64, since time
 	if pin {
 		f.pins.Add(1)
 	}
-	fs.routeFront(f, qentry[T]{item: item, due: due, cost: costOf(cost), seq: 0}, now)
+	fs.place(f, qentry[T]{item: item, due: due, cost: costOf(cost), seq: 0}, now, true)
 	return f, nil
 }
 
@@ -92,50 +92,6 @@ func (fs *flows[T]) lookupAny(id string) *flow[T] {
 		}
 		fs.ix.remove(f) // forgotten meanwhile (see lookup)
 		fs.last.CompareAndSwap(f, nil)
-	}
-}
-
-// routeFront is route for a re-queued item: it goes to the front of its
-// flow (edf: by its deadline, ahead of equal ones), and a flow that was
-// empty takes the front of the band's turn (round-robin) or the current
-// virtual time (fair-share), so the item is the band's next.
-func (fs *flows[T]) routeFront(f *flow[T], e qentry[T], now int64) {
-	if !f.reg {
-		f.reg = true
-		fs.all = append(fs.all, f)
-		fs.known.Store(int64(len(fs.all)))
-	}
-	f.last = now
-	wasEmpty := f.len() == 0
-	if f.edf {
-		f.push(e) // seq 0: ahead of any item with the same deadline
-	} else {
-		f.fifo.pushFront(e)
-		// Behind the entries with an earlier deadline, which expiry
-		// (looking at the head alone) needs in order.
-		q := &f.fifo
-		m := uint32(len(q.buf) - 1)
-		for i := uint32(0); i+1 < q.n && q.buf[(q.start+i+1)&m].due < e.due; i++ {
-			q.buf[(q.start+i)&m], q.buf[(q.start+i+1)&m] = q.buf[(q.start+i+1)&m], q.buf[(q.start+i)&m]
-		}
-	}
-	if wasEmpty {
-		switch fs.fair {
-		case fairRR:
-			if !f.inList {
-				f.inList = true
-				fs.rr.pushFront(f)
-			}
-		case fairShare:
-			f.start = fs.vtime
-			f.order = 0
-			fs.vt.push(f)
-		}
-		if fs.timed {
-			fs.ex.push(f)
-		}
-	} else if fs.timed {
-		fs.ex.fix(f)
 	}
 }
 

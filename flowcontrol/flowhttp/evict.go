@@ -198,26 +198,7 @@ func (h *handler) forwardEvictable(w http.ResponseWriter, r *http.Request, res *
 			finish()
 			return
 		}
-		res.Status = rec.code
-		if rec.reason != "" {
-			res.Reason = rec.reason
-		}
-		switch {
-		case rec.reason == ReasonEvicted:
-		case v != nil:
-			res.Reason = ReasonAborted
-			if r.Context().Err() != nil {
-				res.Reason = ReasonCancelled
-			}
-		case r.Context().Err() != nil && rec.code == 0:
-			res.Reason = ReasonCancelled
-		}
-		if res.Status == 0 {
-			res.Status = StatusClientClosed
-			if v == nil && res.Reason == ReasonForwarded {
-				res.Status = http.StatusOK
-			}
-		}
+		settle(res, rec, r, v)
 		finish()
 		if v != nil {
 			panic(v)

@@ -701,25 +701,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.mem.release(held)
 		permit.Done()
 		v := recover()
-		res.Status = rec.code
-		if rec.reason != "" {
-			res.Reason = rec.reason
-		}
-		switch {
-		case v != nil:
-			res.Reason = ReasonAborted
-			if r.Context().Err() != nil {
-				res.Reason = ReasonCancelled
-			}
-		case r.Context().Err() != nil && rec.code == 0:
-			res.Reason = ReasonCancelled
-		}
-		if res.Status == 0 {
-			res.Status = StatusClientClosed
-			if v == nil && res.Reason == ReasonForwarded {
-				res.Status = http.StatusOK // net/http sends 200 for a handler that wrote nothing
-			}
-		}
+		settle(&res, rec, r, v)
 		finish()
 		if v != nil {
 			panic(v)
@@ -936,4 +918,32 @@ func WriteError(w http.ResponseWriter, status int, reason, message string, retry
 	b.Write(c)
 	b.WriteString("}}\n")
 	_, _ = w.Write(b.Bytes())
+}
+
+// settle fills in a forwarded request's Result once the wrapped handler
+// returned (v is what it panicked with, if anything): the status written,
+// the reason the recorder set (an eviction's included), or aborted or
+// cancelled when the handler panicked or the client left before any
+// status.
+func settle(res *Result, rec *recorder, r *http.Request, v any) {
+	res.Status = rec.code
+	if rec.reason != "" {
+		res.Reason = rec.reason
+	}
+	switch {
+	case rec.reason == ReasonEvicted:
+	case v != nil:
+		res.Reason = ReasonAborted
+		if r.Context().Err() != nil {
+			res.Reason = ReasonCancelled
+		}
+	case r.Context().Err() != nil && rec.code == 0:
+		res.Reason = ReasonCancelled
+	}
+	if res.Status == 0 {
+		res.Status = StatusClientClosed
+		if v == nil && res.Reason == ReasonForwarded {
+			res.Status = http.StatusOK // net/http sends 200 for a handler that wrote nothing
+		}
+	}
 }
