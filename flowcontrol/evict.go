@@ -94,8 +94,8 @@ type evictorSetup struct {
 // a held request of a more critical band gets the capacity they occupy.
 // Gating decides what leaves the gateway; an Evictor undoes what has left
 // when the servers are full of less critical work that a more critical
-// request now waits behind (a vLLM server preempts nobody for a waiting
-// request of another tenant's priority).
+// request now waits behind (a vLLM server without priority scheduling
+// preempts nobody for a request waiting in its queue).
 //
 // The host tells it of every released request (Track), of its first byte
 // to the client (Tracked.Start) and of its end (Tracked.Done), and gives
