@@ -2,6 +2,17 @@
 // proxy in front of them and an open-loop load generator over loopback HTTP,
 // once with the static baseline and once with soft-reflective, and prints
 // TTFT p99 side by side.
+//
+// With -evict N it shows eviction instead: N interleaved rounds of a
+// reasoning load (the simulator's reasoning@0.7, sheddable clients not
+// streaming, as batch jobs call) through the proxy with soft-reflective,
+// eviction (flowControl.enableEviction) off and on, same seed, fresh fake
+// backends per run. Long sheddable decodes fill the backends' KV caches and
+// a critical request then waits in a backend's queue; with eviction on the
+// proxy takes a sheddable request back and sends it again later. It prints,
+// per run and as medians, critical TTFT p99, the evictions, every
+// sheddable client's outcome (exactly one each) and the critical streams
+// cut (none).
 package main
 
 import (
@@ -20,6 +31,7 @@ import (
 	"github.com/flowgate/flowgate/examples/internal/vllm"
 	"github.com/flowgate/flowgate/examples/internal/workload"
 	"github.com/flowgate/flowgate/flowcontrol"
+	"github.com/flowgate/flowgate/flowcontrol/flowhttp"
 )
 
 // DemoSpec configures one demo run (both policies).
@@ -89,6 +101,11 @@ type PhaseResult struct {
 	// BackendErrors are the proxy's logged transport errors (its 502
 	// backend-error answers), the first few of them.
 	BackendErrors []string
+	// Evictions is the gateway's eviction state at the end of the phase
+	// (nil with eviction off), and Aborted the requests the fake backends
+	// aborted because their client (the proxy) went away.
+	Evictions *flowhttp.EvictionStats
+	Aborted   uint64
 }
 
 // BusyLost is the share of a phase's wall time behind real time (Lost)
@@ -216,6 +233,9 @@ func startStack(spec DemoSpec, policy gateway.PolicyRef, backendPriority bool) (
 	if spec.Net != nil {
 		opts.DialContext = spec.Net.DialContext
 	}
+	if cfg.Eviction {
+		opts.Eviction = scaleEviction(cfg, spec.Load.SpeedUp)
+	}
 	p, err := gateway.NewProxy(opts)
 	if err != nil {
 		return nil, err
@@ -296,6 +316,9 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 	if backendPriority {
 		name += " + backend priority"
 	}
+	if spec.Config.Eviction {
+		name += " + eviction"
+	}
 	progress := func(sent, finished int) {
 		st := p.Controller().Stats()
 		queued := 0
@@ -315,8 +338,15 @@ func RunPhase(ctx context.Context, spec DemoSpec, policy gateway.PolicyRef, back
 	}
 	st.logMu.Lock()
 	defer st.logMu.Unlock()
-	return &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers(), Lost: st.lost(load.Wall),
-		Stalled: stalled.Seconds() / load.Wall.Seconds(), BackendErrors: append([]string(nil), st.backendErrors...)}, nil
+	r := &PhaseResult{Policy: name, Load: load, Stats: p.Controller().Stats(), Answers: p.Answers(), Lost: st.lost(load.Wall),
+		Stalled: stalled.Seconds() / load.Wall.Seconds(), BackendErrors: append([]string(nil), st.backendErrors...)}
+	if ev, ok := p.Gateway().Evictions(); ok {
+		r.Evictions = &ev
+	}
+	for _, f := range st.fakes {
+		r.Aborted += f.Aborted()
+	}
+	return r, nil
 }
 
 // scaleConfig divides the proxy's time settings by the speed-up: the fake
@@ -341,6 +371,24 @@ func scaleConfig(cfg gateway.Config, speedUp float64) gateway.Config {
 	cfg.Saturation.ScrapeInterval = max(scale(cfg.Saturation.ScrapeInterval), time.Millisecond)
 	cfg.Saturation.MetricsStalenessThreshold = max(scale(cfg.Saturation.MetricsStalenessThreshold), 4*cfg.Saturation.ScrapeInterval)
 	return cfg
+}
+
+// scaleEviction is the evictor's times divided by the speed-up, as
+// scaleConfig divides the proxy's (cfg is scaled already): the stall that
+// makes a forwarded request held, the grace after a confirmed eviction (no
+// shorter than the scaled scrape interval, the sensor's lag) and the bound
+// on the wait for a confirmation. Unscaled, a held critical request would
+// wait SpeedUp×100 ms of model time before its first victim.
+func scaleEviction(cfg gateway.Config, speedUp float64) flowcontrol.EvictionConfig {
+	if speedUp <= 1 {
+		return flowcontrol.EvictionConfig{}
+	}
+	scale := func(d time.Duration) time.Duration { return max(time.Duration(float64(d)/speedUp), time.Millisecond) }
+	return flowcontrol.EvictionConfig{
+		Stall:          scale(flowcontrol.DefaultEvictionStall),
+		Grace:          max(scale(flowcontrol.DefaultEvictionGrace), cfg.Saturation.ScrapeInterval),
+		ConfirmTimeout: scale(flowcontrol.DefaultEvictionConfirmTimeout),
+	}
 }
 
 // RunDemo runs the baseline (spec.Baseline: the static ceiling at 1.0

@@ -58,6 +58,10 @@ type ClassResult struct {
 	Status  map[int]int    // HTTP status → count
 	Reasons map[string]int // x-flowgate-reason of refused requests
 	Errors  int            // transport errors: no response at all
+	// Abandoned counts requests the client itself gave up on before any
+	// response came (the drain bound or Ctrl-C): no response, by the
+	// client's choice.
+	Abandoned int
 	// Cut counts 200 answers that ended before their last token (a stream
 	// without [DONE], an unreadable body) from the server's side.
 	Cut int
@@ -227,7 +231,13 @@ func one(ctx context.Context, client *http.Client, target, objective, body strin
 	sentAt := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
-		cls.record(func() { cls.Errors++ })
+		cls.record(func() {
+			if ctx.Err() != nil {
+				cls.Abandoned++ // the client stopped waiting
+			} else {
+				cls.Errors++
+			}
+		})
 		return 0
 	}
 	defer resp.Body.Close()
@@ -343,6 +353,9 @@ func (c *ClassResult) summary() string {
 	}
 	if c.Cut > 0 {
 		fmt.Fprintf(&b, ", %d answers ended early by the server", c.Cut)
+	}
+	if c.Abandoned > 0 {
+		fmt.Fprintf(&b, ", %d given up by the client before any response", c.Abandoned)
 	}
 	if c.Errors > 0 {
 		fmt.Fprintf(&b, ", %d with no response", c.Errors)

@@ -315,10 +315,13 @@ func printWatchSummary(out io.Writer, spec WatchSpec, phases []*WatchPhase) {
 		}
 		ok := true
 		for _, c := range []*ClassResult{&ph.Load.Critical, &ph.Load.Sheddable} {
-			ok = ok && c.Sent == c.Answered()+c.Errors
+			ok = ok && OneResponse(c)
+		}
+		if n := ph.Load.Critical.Abandoned + ph.Load.Sheddable.Abandoned; n > 0 {
+			fmt.Fprintf(out, "    no response: %d requests still open at the end (drain bound or Ctrl-C), cancelled by the client\n", n)
 		}
 		if n := ph.Load.Critical.Errors + ph.Load.Sheddable.Errors; n > 0 {
-			fmt.Fprintf(out, "    no response: %d requests still open at the end (drain bound or Ctrl-C), cancelled by the client\n", n)
+			fmt.Fprintf(out, "    no response: %d requests ended by a transport error\n", n)
 		}
 		if ok {
 			fmt.Fprintf(out, "    every request sent got exactly one outcome (sent = answered + no response)\n")

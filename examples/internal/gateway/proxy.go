@@ -120,6 +120,11 @@ type Options struct {
 	// and their /metrics, in place of a net.Dialer: the demo's test serves
 	// them on an in-memory network (see examples/internal/memnet).
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Eviction, with Config.Eviction on, is the evictor's settings (its
+	// Enabled is Config.Eviction's; a zero field takes the gateway's
+	// default): the demo divides its times by the fake backends' speed-up,
+	// as it does the scrape interval's. Ignored with Config.Eviction off.
+	Eviction flowcontrol.EvictionConfig
 }
 
 // BackendState is what the choice of a backend knows of one: the backend
@@ -343,6 +348,10 @@ func NewProxy(opts Options) (_ *Proxy, err error) {
 	gc.Endpoints = opts.Backends
 	gc.Poller.PeerInFlight = peers
 	gc.OnRetire = p.retired
+	if cfg.Eviction {
+		gc.Eviction = opts.Eviction
+		gc.Eviction.Enabled = true
+	}
 	if opts.DialContext != nil {
 		scrape := transport.Clone()
 		scrape.ResponseHeaderTimeout = 0 // the poller's Timeout bounds a scrape
