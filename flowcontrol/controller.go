@@ -261,7 +261,7 @@ func (c *Controller) onDrop(band int, t *ticket, reason error) {
 // even if the band is gated, without spending the band's burst. Stats counts
 // it as cancelled, so Stats adds up to the errors Wait returned.
 func (c *Controller) Wait(ctx context.Context, band int) (Permit, error) {
-	if err := c.door(ctx, band); err != nil {
+	if err := c.door(ctx, band, true); err != nil {
 		return Permit{}, err
 	}
 	if c.d.direct(band) {
@@ -276,13 +276,7 @@ func (c *Controller) Wait(ctx context.Context, band int) (Permit, error) {
 		}
 		return c.get().hold(), nil
 	}
-	t := c.get()
-	t.state.Store(stateWaiting)
-	var start time.Time
-	if c.onOutcome != nil {
-		start = c.now()
-		t.start = start
-	}
+	t, start := c.queued()
 	if err := c.d.Enqueue(band, t); err != nil {
 		c.pool.Put(t)
 		return Permit{}, err
@@ -291,6 +285,19 @@ func (c *Controller) Wait(ctx context.Context, band int) (Permit, error) {
 		return Permit{}, err
 	}
 	return t.hold(), nil
+}
+
+// queued takes a ticket for a Wait about to queue: waiting, with its start
+// on the configured clock when OnOutcome is set (it reports the wait).
+func (c *Controller) queued() (*ticket, time.Time) {
+	t := c.get()
+	t.state.Store(stateWaiting)
+	var start time.Time
+	if c.onOutcome != nil {
+		start = c.now()
+		t.start = start
+	}
+	return t, start
 }
 
 // get takes a ticket from the pool with no request attached.
@@ -341,9 +348,10 @@ func (c *Controller) awaitTicket(ctx context.Context, band int, t *ticket, start
 	}
 }
 
-// door is the part of Wait and WaitRequest before the queue: the refusals
-// (unknown band, context already done, not running, shed), each counted.
-func (c *Controller) door(ctx context.Context, band int) error {
+// door is the part of Wait, WaitRequest and Requeue before the queue: the
+// refusals (unknown band, context already done, not running, and, if
+// admit, shed), each counted.
+func (c *Controller) door(ctx context.Context, band int, admit bool) error {
 	if uint(band) >= uint(c.d.Bands()) {
 		c.d.unknown.Add(1)
 		return ErrUnknownBand
@@ -356,7 +364,7 @@ func (c *Controller) door(ctx context.Context, band int) error {
 		c.refusedIdle[band].Add(1)
 		return ErrNotRunning
 	}
-	if c.admitter != nil && !c.d.closed.Load() && !c.admitter.Admit(band, len(c.refusedShed)) {
+	if admit && c.admitter != nil && !c.d.closed.Load() && !c.admitter.Admit(band, len(c.refusedShed)) {
 		c.refusedShed[band].Add(1)
 		return ErrShed
 	}

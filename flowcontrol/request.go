@@ -48,16 +48,10 @@ func (c *Controller) WaitRequest(ctx context.Context, band int, r *Request) (Per
 	if r == nil || uint(band) >= uint(c.d.Bands()) || c.d.bands[band].flows == nil {
 		return c.Wait(ctx, band)
 	}
-	if err := c.door(ctx, band); err != nil {
+	if err := c.door(ctx, band, true); err != nil {
 		return Permit{}, err
 	}
-	t := c.get()
-	t.state.Store(stateWaiting)
-	var start time.Time
-	if c.onOutcome != nil {
-		start = c.now()
-		t.start = start
-	}
+	t, start := c.queued()
 	f, err := c.d.enqueueFlow(&c.d.bands[band], r.Flow, r.Cost, r.Deadline, t, true)
 	if err != nil {
 		c.pool.Put(t)

@@ -2,7 +2,6 @@ package flowcontrol
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -116,25 +115,10 @@ func (q *fifo[E]) pushFront(e E) {
 // returns what WaitRequest returns. r may be nil (DefaultFlow, cost 1).
 // The caller must have called Done on the request's previous Permit.
 func (c *Controller) Requeue(ctx context.Context, band int, r *Request, since time.Time) (Permit, error) {
-	if uint(band) >= uint(c.d.Bands()) {
-		c.d.unknown.Add(1)
-		return Permit{}, ErrUnknownBand
+	if err := c.door(ctx, band, false); err != nil {
+		return Permit{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		c.refusedCancelled[band].Add(1)
-		return Permit{}, fmt.Errorf("%w: %w", ErrCancelled, err)
-	}
-	if !c.stepped && !c.d.running.Load() && !c.d.closed.Load() {
-		c.refusedIdle[band].Add(1)
-		return Permit{}, ErrNotRunning
-	}
-	t := c.get()
-	t.state.Store(stateWaiting)
-	var start time.Time
-	if c.onOutcome != nil {
-		start = c.now()
-		t.start = start
-	}
+	t, start := c.queued()
 	var id string
 	var cost float64
 	if r != nil {
