@@ -186,6 +186,19 @@ func TestGatewayBacklogDoesNotFloodOnReopen(t *testing.T) {
 				}()
 			}
 			waitFor(t, "the backlog queued", func() bool { return gw.Controller().Stats().Bands[1].Queued == queued })
+			// A tick after the backlog queued, while the pod still reads
+			// saturated, arms the band (the wake-up tick of a sleeping Run
+			// does not: see Dispatcher). On a starved machine that tick
+			// may come late, after the pod reads idle below; the band
+			// would then never have been seen gated with its backlog, and
+			// release it at once, as the discipline says.
+			// Three advances of the tick count, each seen after the one
+			// before: a waking Run's credit and its wake-up tick are at
+			// most two, so the third is a tick that arms.
+			for range 3 {
+				ticks := gw.Controller().Stats().Ticks
+				waitFor(t, "a tick with the backlog gated", func() bool { return gw.Controller().Stats().Ticks > ticks })
+			}
 			require.Zero(t, p.reached.Load())
 			p.waiting.Store(0) // the pod reads idle: only the credit counts
 			waitFor(t, "the band reopened", func() bool { return p.reached.Load() >= tc.want })
