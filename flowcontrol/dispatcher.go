@@ -59,8 +59,9 @@ type band[T any] struct {
 	since  int     // ticks since the band last dispatched, saturating at MaxEvery
 	budget int     // items the band may still release until the next tick
 	gate   int     // the effective Every at the last tick (-1, closed, before the first)
-	// guarded is set at a tick that finds the band gated or blocked with
-	// items queued, and cleared by a run that leaves it empty: an open band
+	// guarded is set at a tick (or a Flush: an arrival) that finds the
+	// band gated or blocked with items queued, and cleared by a run that
+	// leaves it empty: an open band
 	// that is still guarded is draining a backlog built while it was gated,
 	// and releases Burst per tick, re-reading its gate after each release,
 	// instead of everything at once.
@@ -382,6 +383,13 @@ func (d *Dispatcher[T]) run(advance, arm bool) {
 		b := &d.bands[i]
 		if advance {
 			b.since = min(b.since+1, MaxEvery)
+		} else if b.gate != 1 && b.queued.Load() > 0 {
+			// A Flush (an arrival, an Abandon) on a band the last tick
+			// found gated arms it too: a backlog that builds up and
+			// meets a reopening within one tick (a gate that opens at
+			// the next reading, a tick that comes late) is paced like
+			// one a tick saw.
+			b.guarded = true
 		}
 		switch {
 		case b.gate == 1 && !b.guarded:
@@ -770,9 +778,10 @@ func (s *schedule[T]) nudge() (time.Duration, bool) {
 		d.credit(k - 1)
 		s.last += k * tick
 		d.run(true, false) // the grid tick, before the arrival: arms nothing
-	} else {
-		d.Flush()
 	}
+	// The arrival's own Flush, as a ticking Run's: it releases on an open
+	// band and arms a gated one that now holds items.
+	d.Flush()
 	return time.Duration(s.last + tick - now), true
 }
 

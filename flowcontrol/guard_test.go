@@ -1,8 +1,10 @@
 package flowcontrol_test
 
 import (
+	"context"
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/flowgate/flowgate/flowcontrol"
@@ -77,6 +79,61 @@ func TestReopenedBacklogIsPaced(t *testing.T) {
 			t.Fatalf("burst %d: caught-up open band released %d of 50 on arrival", burst, got)
 		}
 	}
+}
+
+// TestBacklogArmedByItsArrival: a backlog that arrives on a band the last
+// tick found blocked, and meets a reopening at the very next tick (no tick
+// saw it queued), is paced too: the arrival's Flush arms the band. The same
+// for a Run woken from sleep by the first arrivals (synctest): the gate
+// opens at once, and the band drains at Burst per tick, not in one.
+func TestBacklogArmedByItsArrival(t *testing.T) {
+	var r rec
+	sat := newSat(1)
+	d := newTestDispatcher(t, flowcontrol.DispatcherConfig[int]{Config: flowcontrol.Config{
+		Bands: bandsOf(2, 256), Source: sat, Policy: flowcontrol.NewStatic(1),
+	}}, &r)
+	d.Step() // blocked, empty: nothing armed
+	for i := range 10 {
+		_ = d.Enqueue(1, i)
+	}
+	d.Flush() // the arrivals' wake-up
+	sat.Set(0.2)
+	for left := 10; left > 0; left-- {
+		d.Step()
+		if got := len(r.take()); got != 1 {
+			t.Fatalf("a backlog no tick saw released %d in a tick with %d queued, want 1", got, left)
+		}
+	}
+
+	synctest.Test(t, func(t *testing.T) {
+		sat := newSat(1)
+		released := make(chan int, 16)
+		d, err := flowcontrol.NewDispatcher(flowcontrol.DispatcherConfig[int]{
+			Config:   flowcontrol.Config{Bands: bandsOf(2, 256), Source: sat, Policy: flowcontrol.NewStatic(1)},
+			Dispatch: func(_, item int) { released <- item },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() { _ = d.Run(ctx) }()
+		time.Sleep(10 * flowcontrol.DefaultTick) // Run ticks the empty bands, then sleeps
+		synctest.Wait()
+		for i := range 10 {
+			_ = d.Enqueue(1, i)
+		}
+		synctest.Wait() // Run woke and took the arrivals in; no tick since
+		sat.Set(0.2)
+		for tick := 1; tick <= 10; tick++ {
+			time.Sleep(flowcontrol.DefaultTick)
+			synctest.Wait()
+			if got := len(released); got > tick {
+				t.Fatalf("after %d ticks %d released: a flood", tick, got)
+			}
+		}
+		d.Close()
+	})
 }
 
 // TestReopenedBacklogStopsWhenTheGateCloses: while a reopened band drains

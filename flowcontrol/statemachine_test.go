@@ -98,6 +98,9 @@ func (m *model) step(now int64, sat float64, advance bool) []event {
 		}
 	}
 	for b := 0; b < n; b++ {
+		if !advance && !m.open[b] && m.bands[b].Size() > 0 {
+			m.guarded[b] = true // a poll on a gated band with items arms it too
+		}
 		if m.pending[b] {
 			// Reap: every dead item leaves the band at once, in order.
 			m.pending[b] = false
