@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -147,10 +148,9 @@ type Evictor struct {
 	pool    endpointState
 	tracked int
 	seq     uint64
-	evicted []uint64   // per band
-	immune  []uint64   // per band
-	pending []*Tracked // Check's scratch
-	acts    []func()   // Check's scratch
+	evicted []uint64 // per band
+	immune  []uint64 // per band
+	acts    []func() // Check's scratch
 	// wakeAt is when Run's timer fires next (zero: Run sleeps until
 	// nudged, or no Run).
 	wakeAt time.Time
@@ -215,24 +215,12 @@ func NewEvictor(cfg EvictionConfig, bands int, source SaturationSource, held fun
 	case cfg.MaxEvictions < 0:
 		return nil, fmt.Errorf("%w: Eviction.MaxEvictions %d must be >= 0", ErrInvalidConfig, cfg.MaxEvictions)
 	}
-	if cfg.Threshold == 0 {
-		cfg.Threshold = DefaultEvictionThreshold
-	}
-	if cfg.KVThreshold == 0 {
-		cfg.KVThreshold = DefaultEvictionKVThreshold
-	}
-	if cfg.Stall == 0 {
-		cfg.Stall = DefaultEvictionStall
-	}
-	if cfg.Grace == 0 {
-		cfg.Grace = DefaultEvictionGrace
-	}
-	if cfg.MaxEvictions == 0 {
-		cfg.MaxEvictions = DefaultMaxEvictions
-	}
-	if cfg.ConfirmTimeout == 0 {
-		cfg.ConfirmTimeout = DefaultEvictionConfirmTimeout
-	}
+	cfg.Threshold = cmp.Or(cfg.Threshold, DefaultEvictionThreshold)
+	cfg.KVThreshold = cmp.Or(cfg.KVThreshold, DefaultEvictionKVThreshold)
+	cfg.Stall = cmp.Or(cfg.Stall, DefaultEvictionStall)
+	cfg.Grace = cmp.Or(cfg.Grace, DefaultEvictionGrace)
+	cfg.MaxEvictions = cmp.Or(cfg.MaxEvictions, DefaultMaxEvictions)
+	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, DefaultEvictionConfirmTimeout)
 	if held == nil {
 		held = func() int { return -1 }
 	}
@@ -403,9 +391,19 @@ func (e *Evictor) Check() int {
 	e.mu.Lock()
 	now := e.setup.now()
 	stall := now.Add(-e.cfg.Stall)
+	// Endpoints with nothing tracked and nothing to pace are forgotten,
+	// so a host whose endpoints come and go does not accumulate them.
+	kept := e.order[:0]
 	for _, st := range e.order {
+		if len(st.live) == 0 && st.evicting == 0 && !now.Before(st.until) {
+			delete(e.eps, st.name)
+			continue
+		}
 		st.held = -1
+		kept = append(kept, st)
 	}
+	clear(e.order[len(kept):])
+	e.order = kept
 	// The most critical band held per endpoint: a watched request without
 	// its first byte for Stall; and the newest such release of that band.
 	for _, t := range e.watch {
@@ -417,7 +415,8 @@ func (e *Evictor) Check() int {
 			st.held, st.heldSeq = t.band, t.seq
 		}
 	}
-	victims := e.pending[:0]
+	// The acts are read under the lock: a concurrent Again replaces them.
+	acts := e.acts[:0]
 	for _, st := range e.order {
 		if st.held < 0 || st.busy(now, e.cfg.ConfirmTimeout) {
 			continue
@@ -433,7 +432,7 @@ func (e *Evictor) Check() int {
 		}
 		if best != nil {
 			e.take(best, false, now)
-			victims = append(victims, best)
+			acts = append(acts, best.act)
 			// The requests held there wait another Stall before they
 			// call for another victim: one eviction may be all they
 			// need, and a request waiting for compute rather than
@@ -459,16 +458,9 @@ func (e *Evictor) Check() int {
 		}
 		if best != nil {
 			e.take(best, true, now)
-			victims = append(victims, best)
+			acts = append(acts, best.act)
 		}
 	}
-	// The acts are read under the lock: a concurrent Again replaces them.
-	acts := e.acts[:0]
-	for i, v := range victims {
-		acts = append(acts, v.act)
-		victims[i] = nil
-	}
-	e.pending = victims[:0]
 	e.acts = acts
 	e.mu.Unlock()
 	for i, act := range acts {
@@ -525,9 +517,15 @@ func (e *Evictor) take(v *Tracked, forPool bool, now time.Time) {
 // deadline, an endpoint's grace end or confirmation deadline), or the zero
 // time if nothing is pending.
 func (e *Evictor) Next() time.Time {
+	next, _ := e.next()
+	return next
+}
+
+// next is Next, and whether a tracked request is held now (so that Run
+// checks again soon: the KV usage or the saturation may turn).
+func (e *Evictor) next() (next time.Time, holding bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var next time.Time
 	earlier := func(t time.Time) {
 		if next.IsZero() || t.Before(next) {
 			next = t
@@ -535,8 +533,13 @@ func (e *Evictor) Next() time.Time {
 	}
 	now := e.setup.now()
 	for _, t := range e.watch {
-		if d := t.at.Add(e.cfg.Stall); !t.evicting && d.After(now) {
+		if t.evicting {
+			continue
+		}
+		if d := t.at.Add(e.cfg.Stall); d.After(now) {
 			earlier(d)
+		} else {
+			holding = true
 		}
 	}
 	pace := func(st *endpointState) {
@@ -551,24 +554,7 @@ func (e *Evictor) Next() time.Time {
 	for _, st := range e.order {
 		pace(st)
 	}
-	return next
-}
-
-// holding reports whether some request is held now, so that a Check may
-// act as soon as the saturation crosses the threshold.
-func (e *Evictor) holding() bool {
-	if h := e.setup.held(); h >= 0 && h < e.setup.bands-1 {
-		return true
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	stall := e.setup.now().Add(-e.cfg.Stall)
-	for _, t := range e.watch {
-		if !t.evicting && !t.at.After(stall) {
-			return true
-		}
-	}
-	return false
+	return next, holding
 }
 
 // Run checks on the real clock until ctx ends (it returns ctx.Err()): at
@@ -588,10 +574,11 @@ func (e *Evictor) Run(ctx context.Context) error {
 		e.mu.Unlock()
 		e.Check()
 		wait := time.Duration(-1)
-		if e.holding() {
+		next, holding := e.next()
+		if h := e.setup.held(); holding || h >= 0 && h < e.setup.bands-1 {
 			wait = evictionRecheck
 		}
-		if next := e.Next(); !next.IsZero() {
+		if !next.IsZero() {
 			if d := next.Sub(e.setup.now()); wait < 0 || d < wait {
 				wait = max(d, 0)
 			}
