@@ -74,10 +74,9 @@ type attempt struct {
 	tracked   *flowcontrol.Tracked
 	gen       int // Forward calls in this attempt; a done counts only for the latest
 	fwd       []func() bool
-	returned  bool // next returned
 	evicted   bool // the act took it
 	committed bool // the response started: status and headers went with its first body byte
-	over      bool // the attempt ended; its Forward dones no longer speak for the tracked request
+	over      bool // next returned: the attempt ended; its Forward dones no longer speak for the tracked request
 	forwarded time.Time
 	evictedAt time.Time
 }
@@ -125,7 +124,7 @@ func (a *attempt) forward(ev *flowcontrol.Evictor, endpoint string, done func() 
 func (a *attempt) act() {
 	in := a.rec.intake
 	a.mu.Lock()
-	take := !a.returned && !a.evicted && (!a.committed || in.evict.started)
+	take := !a.over && !a.evicted && (!a.committed || in.evict.started)
 	if take {
 		a.evicted, a.evictedAt = true, time.Now()
 	}
@@ -151,7 +150,7 @@ func (a *attempt) act() {
 // response had started.
 func (a *attempt) end() (evicted, committed bool) {
 	a.mu.Lock()
-	a.returned, a.over = true, true
+	a.over = true
 	evicted, committed = a.evicted, a.committed
 	fwd, t := a.fwd, a.tracked
 	a.mu.Unlock()
@@ -162,6 +161,15 @@ func (a *attempt) end() (evicted, committed bool) {
 		t.Done()
 	}
 	return evicted, committed
+}
+
+// ran is how long an evicted attempt had run at its endpoint: from its
+// first Forward to the act (0 if it was never forwarded). Read after end.
+func (a *attempt) ran() time.Duration {
+	if a.forwarded.IsZero() {
+		return 0
+	}
+	return a.evictedAt.Sub(a.forwarded)
 }
 
 // callNext serves r with next and returns what it panicked with, if
@@ -189,9 +197,7 @@ func (h *handler) forwardEvictable(w http.ResponseWriter, r *http.Request, res *
 	var v any
 	refused := false
 	defer func() {
-		if rec.forwarded {
-			h.forwarded.Add(-1)
-		}
+		// (The forwarding gauge is given back after each attempt, below.)
 		h.mem.release(held)
 		rec.permit.Done()
 		if refused {
@@ -229,9 +235,7 @@ func (h *handler) forwardEvictable(w http.ResponseWriter, r *http.Request, res *
 		}
 		if committed {
 			counts.outcome[evictEnded].Add(1)
-			if !a.forwarded.IsZero() {
-				counts.wasted.Add(int64(a.evictedAt.Sub(a.forwarded)))
-			}
+			counts.wasted.Add(int64(a.ran()))
 			rec.reason = ReasonEvicted
 			v = rec.endStarted()
 			return
@@ -241,9 +245,7 @@ func (h *handler) forwardEvictable(w http.ResponseWriter, r *http.Request, res *
 		// is dropped, and the request waits again.
 		v = nil
 		counts.outcome[evictRequeued].Add(1)
-		if !a.forwarded.IsZero() {
-			counts.wasted.Add(int64(a.evictedAt.Sub(a.forwarded)))
-		}
+		counts.wasted.Add(int64(a.ran()))
 		counts.resent.Add(uint64(len(body)))
 		res.Evictions++
 		rec.permit.Done()
